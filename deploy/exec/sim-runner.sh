@@ -1,0 +1,38 @@
+#!/bin/sh
+# Berth exec backend for the demo and the tests: the "VM" is a simulated
+# GitHub Actions runner process (the ghsim binary's `runner` command) that
+# connects to the GitHub simulator with its JIT config, takes one job, runs
+# it and exits, as an ephemeral runner does.
+#
+# Usage (from an agent's config):  create: [sh, deploy/exec/sim-runner.sh, create]
+#                                  stop:   [sh, deploy/exec/sim-runner.sh, stop]
+# Environment: the exec backend's BERTH_* variables, plus BERTH_SIM_RUNNER,
+# the path of the ghsim binary.
+set -eu
+step="${1:-${BERTH_STEP:?no step given}}"
+pidfile="$BERTH_WORK_DIR/runner.pid"
+case "$step" in
+create)
+	: "${BERTH_SIM_RUNNER:?set BERTH_SIM_RUNNER to the ghsim binary (make demo builds it)}"
+	# setsid: the runner outlives this step, in its own process group, so the
+	# agent's deadline on this step can never kill it by accident.
+	setsid "$BERTH_SIM_RUNNER" runner --jitconfig-file "$BERTH_JIT_CONFIG_FILE" \
+		>"$BERTH_WORK_DIR/runner.log" 2>&1 </dev/null &
+	echo $! >"$pidfile"
+	;;
+stop)
+	[ -f "$pidfile" ] || exit 0 # nothing was started: already stopped
+	pid=$(cat "$pidfile")
+	kill -TERM "$pid" 2>/dev/null || exit 0 # already gone
+	i=0
+	while kill -0 "$pid" 2>/dev/null && [ "$i" -lt 50 ]; do
+		sleep 0.1
+		i=$((i + 1))
+	done
+	kill -KILL "$pid" 2>/dev/null || true
+	;;
+*)
+	echo "sim-runner.sh: unknown step $step (want create or stop)" >&2
+	exit 2
+	;;
+esac

@@ -1,0 +1,41 @@
+package events
+
+import (
+	"strconv"
+	"time"
+)
+
+// Alarm kinds.
+const (
+	AlarmSlotLeak = "slot_leak" // held slots that no live attempt accounts for
+)
+
+// AlarmRaised: the watchdog saw something an operator must look at. Key is
+// stable per condition (e.g. "slot_leak/linux/berth-42-1") so re-raising is
+// idempotent. Subject berth.evt.alarm.<pool>. Message says what to do next.
+type AlarmRaised struct {
+	Key     string    `json:"key"`
+	Kind    string    `json:"kind"`
+	Pool    string    `json:"pool"`
+	Message string    `json:"message"`
+	At      time.Time `json:"at"`
+}
+
+func (AlarmRaised) EventType() string      { return TypeAlarmRaised }
+func (e AlarmRaised) EventSubject() string { return AlarmSubject(e.Pool) }
+func (e AlarmRaised) EventID() string {
+	return "alarm/" + e.Key + "/raised/" + strconv.FormatInt(e.At.Unix(), 10)
+}
+
+// AlarmCleared: the condition behind Key no longer holds.
+type AlarmCleared struct {
+	Key  string    `json:"key"`
+	Pool string    `json:"pool"`
+	At   time.Time `json:"at"`
+}
+
+func (AlarmCleared) EventType() string      { return TypeAlarmCleared }
+func (e AlarmCleared) EventSubject() string { return AlarmSubject(e.Pool) }
+func (e AlarmCleared) EventID() string {
+	return "alarm/" + e.Key + "/cleared/" + strconv.FormatInt(e.At.Unix(), 10)
+}

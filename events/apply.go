@@ -1,0 +1,229 @@
+package events
+
+import "time"
+
+// Apply folds one event into the projection. It never fails and never
+// panics: an event of an unknown type is counted in Skipped. Applying the
+// same event twice, or a set of events in any order, gives the same state.
+func (f *Fleet) Apply(e Event) {
+	f.Applied++
+	if e.Seq > f.LastSeq {
+		f.LastSeq = e.Seq
+	}
+	switch d := e.Data.(type) {
+	case *JobQueued:
+		f.jobFact(d.JobRef, StatusQueued, e.Time, "", "")
+	case *JobWaiting:
+		f.jobFact(d.JobRef, StatusWaiting, e.Time, "", "")
+	case *JobInProgress:
+		f.jobFact(d.JobRef, StatusInProgress, e.Time, d.RunnerName, "")
+	case *JobCompleted:
+		f.jobFact(d.JobRef, StatusCompleted, e.Time, d.RunnerName, d.Conclusion)
+	case *JobUnschedulable:
+		j := f.job(d.JobID)
+		j.Unschedulable, j.UnschedulableReason = true, d.Reason
+	case *SlotReserved:
+		f.poolSeq(d.Pool, e.Seq)
+		a := f.attempt(d.Attempt, d.Pool, d.Host)
+		f.touch(a, e.Time, func() {
+			a.Reserved, a.ReservedAt = true, e.Time
+			a.JobID, a.N, a.Labels = d.JobID, d.N, d.Labels
+		})
+		if j := f.job(d.JobID); d.N > j.Minted {
+			j.Minted = d.N
+		}
+	case *SlotReleased:
+		f.poolSeq(d.Pool, e.Seq)
+		a := f.attempt(d.Attempt, d.Pool, d.Host)
+		f.touch(a, e.Time, func() {
+			if a.releases == nil {
+				a.releases = map[string]struct{}{}
+			}
+			a.releases[releaseKey(e, d.Reason)] = struct{}{}
+			if !a.Released || e.Time.Before(a.ReleasedAt) {
+				a.ReleaseReason, a.ReleasedAt = d.Reason, e.Time
+			}
+			a.Released = true
+			if a.JobID == 0 {
+				a.JobID = d.JobID
+			}
+		})
+	case *AttemptPlaced:
+		a := f.attempt(d.Attempt, d.Pool, d.Host)
+		f.touch(a, e.Time, func() {
+			a.Placed, a.PlacedAt = true, e.Time
+			a.RunnerID, a.SealedJIT, a.SealedBy, a.SealedTo = d.RunnerID, d.SealedJIT, d.SealedBy, d.SealedTo
+			if a.JobID == 0 {
+				a.JobID = d.JobID
+			}
+			if a.Labels == nil {
+				a.Labels = d.Labels
+			}
+		})
+	case *AttemptProvisioning:
+		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) { a.Provisioning, a.ProvisioningAt = true, e.Time })
+	case *AttemptRunnerStarted:
+		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) { a.RunnerStarted, a.RunnerStartedAt = true, e.Time })
+	case *AttemptFailed:
+		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) {
+			a.Failed, a.FailedAt, a.FailedStep, a.FailedError = true, e.Time, d.Step, d.Error
+		})
+	case *AttemptTeardownRequested:
+		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) {
+			a.TeardownReq, a.TeardownAt, a.TeardownReason = true, e.Time, d.Reason
+		})
+	case *AttemptStopped:
+		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) {
+			a.Stopped, a.StoppedAt, a.StoppedLate = true, e.Time, d.Late
+		})
+	case *AttemptAbandoned:
+		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) {
+			a.Abandoned, a.AbandonedAt, a.AbandonedStep = true, e.Time, d.Step
+		})
+	case *HostOnline:
+		h := f.host(d.Host)
+		if s := stampOf(e); true || s.after(h.online) {
+			h.online = s
+			h.Boot, h.PhysicalCap, h.CurveKey, h.Backend = d.Boot, d.PhysicalCap, d.CurveKey, d.Backend
+			h.Pools = map[string]PoolSlots{}
+			for name, ps := range d.Pools {
+				h.Pools[name] = PoolSlots{Labels: NormalizeLabels(ps.Labels), Slots: ps.Slots}
+			}
+		}
+		f.hostState(h, e, HostStateOnline)
+	case *HostDraining:
+		f.hostState(f.host(d.Host), e, HostStateDraining)
+	case *HostLost:
+		f.hostState(f.host(d.Host), e, HostStateLost)
+	case *HostCordoned:
+		f.cordon(d.HostChange, e, true)
+	case *HostUncordoned:
+		f.cordon(d.HostChange, e, false)
+	case *DemandWaiting:
+		if d.At.After(f.DemandReported[d.Pool]) {
+			f.DemandReported[d.Pool] = d.At
+		}
+	case *AlarmRaised:
+		a := f.alarm(d.Key)
+		if s := stampOf(e); s.after(a.last) {
+			a.last, a.Active = s, true
+			a.Kind, a.Pool, a.Message, a.RaisedAt = d.Kind, d.Pool, d.Message, d.At
+		}
+	case *AlarmCleared:
+		a := f.alarm(d.Key)
+		if s := stampOf(e); s.after(a.last) {
+			a.last, a.Active, a.Pool = s, false, d.Pool
+		}
+	default:
+		f.Skipped++
+	}
+}
+
+func (f *Fleet) jobFact(r JobRef, st JobStatus, at time.Time, runner, conclusion string) {
+	j := f.job(r.JobID)
+	if j.RunID == 0 {
+		j.RunID, j.RunAttempt, j.Org, j.Repo, j.Name = r.RunID, r.RunAttempt, r.Org, r.Repo, r.Name
+	}
+	if j.Labels == nil && r.Labels != nil {
+		j.Labels = NormalizeLabels(r.Labels)
+	}
+	if st > j.Status {
+		j.Status = st
+	}
+	switch st {
+	case StatusQueued:
+		if j.QueuedAt.IsZero() || at.Before(j.QueuedAt) {
+			j.QueuedAt = at
+		}
+	case StatusInProgress:
+		if j.StartedAt.IsZero() || at.Before(j.StartedAt) {
+			j.StartedAt = at
+		}
+	case StatusCompleted:
+		if j.CompletedAt.IsZero() || at.Before(j.CompletedAt) {
+			j.CompletedAt, j.Conclusion = at, conclusion
+		}
+	}
+	if runner != "" && j.Runner == "" {
+		j.Runner = runner
+		if _, taken := f.byRunner[runner]; !taken {
+			f.byRunner[runner] = j.ID
+		}
+	}
+}
+
+func (f *Fleet) poolSeq(pool string, seq uint64) {
+	if p := f.pool(pool); seq > p.LastSeq {
+		p.LastSeq = seq
+	}
+}
+
+func (f *Fleet) attemptFlag(r AttemptRef, at time.Time, set func(*Attempt)) {
+	a := f.attempt(r.Attempt, r.Pool, r.Host)
+	f.touch(a, at, func() { set(a) })
+}
+
+func (f *Fleet) hostState(h *Host, e Event, st HostState) {
+	if s := stampOf(e); s.after(h.state) {
+		h.state, h.State = s, st
+	}
+}
+
+func (f *Fleet) cordon(c HostChange, e Event, on bool) {
+	h := f.host(c.Host)
+	if s := stampOf(e); s.after(h.cordon) {
+		h.cordon, h.Cordoned = s, on
+		h.CordonReason = ""
+		if on {
+			h.CordonReason = c.Reason
+		}
+	}
+}
+
+func (f *Fleet) alarm(key string) *Alarm {
+	a, ok := f.Alarms[key]
+	if !ok {
+		a = &Alarm{Key: key}
+		f.Alarms[key] = a
+	}
+	return a
+}
+
+// Compact drops terminal records older than retention (law 5: memory is flat
+// in the number of jobs served). A completed job is dropped once none of its
+// attempts is live; a terminal attempt once its last fact is that old. Keep
+// retention above GitHub's 3-day redelivery window in production, so a late
+// redelivery still finds the job it would otherwise resurrect.
+func (f *Fleet) Compact(now time.Time, retention time.Duration) (jobs, attempts int) {
+	cut := now.Add(-retention)
+	for id, a := range f.Attempts {
+		if a.Terminal() && a.LastAt.Before(cut) {
+			delete(f.Attempts, id)
+			attempts++
+		}
+	}
+	// A job stays while an attempt booked for it, or whose runner took it,
+	// is live: its binding is how that attempt is accounted for (law 6, 8).
+	busy := map[int64]bool{}
+	for _, a := range f.Attempts {
+		if !a.Terminal() {
+			busy[a.JobID], busy[f.byRunner[a.ID]] = true, true
+		}
+	}
+	for id, j := range f.Jobs {
+		done := j.Status == StatusCompleted && j.CompletedAt.Before(cut)
+		if (done || (j.Unschedulable && j.QueuedAt.Before(cut))) && !busy[id] {
+			if j.Runner != "" && f.byRunner[j.Runner] == id {
+				delete(f.byRunner, j.Runner)
+			}
+			delete(f.Jobs, id)
+			jobs++
+		}
+	}
+	for k, a := range f.Alarms {
+		if !a.Active && a.last.at.Before(cut) {
+			delete(f.Alarms, k)
+		}
+	}
+	return jobs, attempts
+}

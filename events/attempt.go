@@ -1,0 +1,95 @@
+package events
+
+import "time"
+
+// AttemptRef names one placement: its id (also runner and VM name), pool and host.
+type AttemptRef struct {
+	Attempt string `json:"attempt"`
+	Pool    string `json:"pool"`
+	Host    string `json:"host"`
+}
+
+func (a AttemptRef) EventSubject() string { return AttemptSubject(a.Host, a.Attempt) }
+
+// AttemptPlaced hands a booked attempt to its host's agent with a JIT config
+// sealed to the agent's curve key (NATS xkeys), so no secret is in the log in
+// clear. SealedBy is the dispatcher's curve public key. Emitted by the
+// dispatcher after minting; the agent reacts by creating the VM. Key:
+// attempt + "placed".
+type AttemptPlaced struct {
+	AttemptRef
+	JobID     int64    `json:"job_id"`
+	Labels    []string `json:"labels"`
+	RunnerID  int64    `json:"runner_id"`
+	SealedJIT []byte   `json:"sealed_jit"`
+	SealedBy  string   `json:"sealed_by"`
+	SealedTo  string   `json:"sealed_to"`
+}
+
+func (AttemptPlaced) EventType() string { return TypeAttemptPlaced }
+func (e AttemptPlaced) EventID() string { return e.Attempt + "/placed" }
+
+// AttemptProvisioning: the agent is about to call the backend's create step.
+// From here the attempt's VM occupies the host's physical capacity until it
+// is stopped. Key: attempt + "provisioning" (written before the call, so a
+// restarted agent never creates twice).
+type AttemptProvisioning struct{ AttemptRef }
+
+func (AttemptProvisioning) EventType() string { return TypeAttemptProvisioning }
+func (e AttemptProvisioning) EventID() string { return e.Attempt + "/provisioning" }
+
+// AttemptRunnerStarted: the backend's create step returned and the runner was
+// started with its JIT config. The provisioning deadline stops here.
+type AttemptRunnerStarted struct {
+	AttemptRef
+	Took time.Duration `json:"took_ns"`
+}
+
+func (AttemptRunnerStarted) EventType() string { return TypeAttemptRunnerStarted }
+func (e AttemptRunnerStarted) EventID() string { return e.Attempt + "/runner_started" }
+
+// AttemptFailed: a lifecycle step failed (Step is "create", "open_jit"…).
+// The dispatcher reacts by releasing the slot and requesting teardown.
+type AttemptFailed struct {
+	AttemptRef
+	Step  string `json:"step"`
+	Error string `json:"error"`
+}
+
+func (AttemptFailed) EventType() string { return TypeAttemptFailed }
+func (e AttemptFailed) EventID() string { return e.Attempt + "/failed" }
+
+// AttemptTeardownRequested asks the host's agent to stop and destroy the
+// attempt's VM. It always follows the slot's release, never precedes it.
+type AttemptTeardownRequested struct {
+	AttemptRef
+	Reason string `json:"reason"`
+}
+
+func (AttemptTeardownRequested) EventType() string { return TypeAttemptTeardownRequested }
+func (e AttemptTeardownRequested) EventID() string { return e.Attempt + "/teardown_requested" }
+
+// AttemptStopped: the attempt's VM is gone (the stop step returned, or there
+// was nothing to stop). Late is true when the stop returned after the attempt
+// had been abandoned; it discharges the abandoned VM from the host's physical
+// ledger.
+type AttemptStopped struct {
+	AttemptRef
+	Late bool `json:"late,omitempty"`
+}
+
+func (AttemptStopped) EventType() string { return TypeAttemptStopped }
+func (e AttemptStopped) EventID() string { return e.Attempt + "/stopped" }
+
+// AttemptAbandoned: a lifecycle step overran its deadline (law 3). The VM may
+// still exist, so it keeps occupying the host's physical capacity until a
+// late AttemptStopped. Emitted by the agent (step deadline) or the watchdog
+// (teardown deadline).
+type AttemptAbandoned struct {
+	AttemptRef
+	Step  string        `json:"step"`
+	After time.Duration `json:"after_ns"`
+}
+
+func (AttemptAbandoned) EventType() string { return TypeAttemptAbandoned }
+func (e AttemptAbandoned) EventID() string { return e.Attempt + "/abandoned" }

@@ -1,0 +1,164 @@
+package events
+
+import (
+	"strconv"
+	"time"
+)
+
+// Attempt is the fold of one placement: its slot and its VM, which are
+// bookkept apart (law 2: the slot goes back when demand ends; the VM holds
+// physical capacity until it is stopped).
+type Attempt struct {
+	ID, Pool, Host string
+	JobID          int64 // the job it was booked for (a runner may take another: law 8)
+	N              int
+	Labels         []string
+
+	Reserved, Released bool
+	ReleaseReason      string
+	releases           map[string]struct{}
+
+	Placed         bool
+	RunnerID       int64
+	SealedJIT      []byte
+	SealedBy       string
+	SealedTo       string
+	Provisioning   bool
+	RunnerStarted  bool
+	Failed         bool
+	FailedStep     string
+	FailedError    string
+	TeardownReq    bool
+	TeardownReason string
+	Stopped        bool
+	StoppedLate    bool
+	Abandoned      bool
+	AbandonedStep  string
+
+	ReservedAt, ReleasedAt, PlacedAt, ProvisioningAt time.Time
+	RunnerStartedAt, FailedAt, TeardownAt            time.Time
+	StoppedAt, AbandonedAt, LastAt                   time.Time
+}
+
+// Held reports whether the attempt holds a slot of its pool.
+func (a *Attempt) Held() bool { return a.Reserved && !a.Released }
+
+// VMLive reports whether the attempt's VM may exist: from provisioning until
+// stopped. An abandoned VM is live: it still occupies physical capacity.
+func (a *Attempt) VMLive() bool { return a.Provisioning && !a.Stopped }
+
+// Booked reports whether the attempt occupies its host's physical capacity:
+// it holds a slot (its VM is coming) or its VM exists.
+func (a *Attempt) Booked() bool { return (a.Held() && !a.Stopped) || a.VMLive() }
+
+// Releases is how many distinct releases were applied (more than 1 is a
+// violation of "every reservation is released at most once").
+func (a *Attempt) Releases() int { return len(a.releases) }
+
+// Stage names the attempt's furthest step, for status and logs.
+func (a *Attempt) Stage() string {
+	switch {
+	case a.Stopped:
+		return "stopped"
+	case a.Abandoned:
+		return "abandoned"
+	case a.TeardownReq:
+		return "teardown"
+	case a.Failed:
+		return "failed"
+	case a.RunnerStarted:
+		return "running"
+	case a.Provisioning:
+		return "provisioning"
+	case a.Placed:
+		return "placed"
+	case a.Reserved:
+		return "reserved"
+	}
+	return "unknown"
+}
+
+// Terminal reports whether nothing more will happen to the attempt.
+func (a *Attempt) Terminal() bool {
+	return !a.Held() && !a.VMLive() && (a.Stopped || !a.Placed)
+}
+
+func failureReason(r string) bool {
+	switch r {
+	case ReleaseProvisionTimeout, ReleaseCreateFailed, ReleaseMintFailed:
+		return true
+	}
+	return false
+}
+
+type contribution struct {
+	held, booked, live, abandoned bool
+	failed                        bool
+}
+
+func (a *Attempt) contribution() contribution {
+	return contribution{
+		held:      a.Held(),
+		booked:    a.Booked(),
+		live:      a.VMLive(),
+		abandoned: a.Abandoned && !a.Stopped,
+		failed:    a.Released && failureReason(a.ReleaseReason),
+	}
+}
+
+// attempt returns the attempt record, filling in identity fields from ref.
+func (f *Fleet) attempt(id, pool, host string) *Attempt {
+	a, ok := f.Attempts[id]
+	if !ok {
+		a = &Attempt{ID: id}
+		f.Attempts[id] = a
+	}
+	if a.Pool == "" {
+		a.Pool = pool
+	}
+	if a.Host == "" {
+		a.Host = host
+	}
+	return a
+}
+
+// touch applies mutate to an attempt and moves its counters from its old
+// contribution to its new one, so every counter is exact under any order.
+func (f *Fleet) touch(a *Attempt, at time.Time, mutate func()) {
+	before := a.contribution()
+	pool, host, job := a.Pool, a.Host, a.JobID
+	mutate()
+	if at.After(a.LastAt) {
+		a.LastAt = at
+	}
+	f.count(before, pool, host, job, -1)
+	f.count(a.contribution(), a.Pool, a.Host, a.JobID, +1)
+}
+
+func (f *Fleet) count(c contribution, pool, host string, job int64, d int) {
+	if c.held && pool != "" {
+		f.pool(pool).Held += d
+		if host != "" {
+			f.host(host).Held[pool] += d
+		}
+	}
+	if host != "" {
+		h := f.host(host)
+		if c.booked {
+			h.Booked += d
+		}
+		if c.live {
+			h.LiveVMs += d
+		}
+		if c.abandoned {
+			h.AbandonedVMs += d
+		}
+	}
+	if c.failed && job != 0 {
+		f.job(job).FailedAttempts += d
+	}
+}
+
+func releaseKey(e Event, reason string) string {
+	return strconv.FormatUint(e.Seq, 10) + "/" + reason
+}

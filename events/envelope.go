@@ -1,0 +1,107 @@
+package events
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// SpecVersion is the CloudEvents version of every envelope Berth writes.
+const SpecVersion = "1.0"
+
+// Envelope is a CloudEvents 1.0 event in structured JSON mode
+// (https://github.com/cloudevents/spec/blob/v1.0.2/cloudevents/formats/json-format.md).
+//
+// ID is deterministic per fact (a GitHub delivery id, or an attempt id plus a
+// transition) and doubles as the JetStream Nats-Msg-Id, so a retried publish is
+// deduplicated by the server. Subject is the NATS subject the event is stored
+// under (see subjects.go).
+type Envelope struct {
+	SpecVersion     string          `json:"specversion"`
+	ID              string          `json:"id"`
+	Source          string          `json:"source"`
+	Type            string          `json:"type"`
+	Time            time.Time       `json:"time"`
+	Subject         string          `json:"subject"`
+	DataContentType string          `json:"datacontenttype,omitempty"`
+	Data            json.RawMessage `json:"data"`
+}
+
+// Event is one decoded fact: its envelope fields, its payload, and the stream
+// sequence it was stored at (0 when it has not been stored yet).
+type Event struct {
+	ID      string
+	Source  string
+	Time    time.Time
+	Subject string
+	Seq     uint64
+	Data    Payload
+}
+
+// Type is the versioned CloudEvents type of the event's payload.
+func (e Event) Type() string { return e.Data.EventType() }
+
+// Payload is implemented by every type in the catalogue.
+type Payload interface {
+	// EventType is the versioned CloudEvents type, e.g. "berth.job.queued.v1".
+	EventType() string
+	// EventSubject is the NATS subject the fact is stored under.
+	EventSubject() string
+	// EventID is the deterministic idempotency key (also the Nats-Msg-Id).
+	EventID() string
+}
+
+// ErrUnknownType marks an envelope whose type (or version) this build does not
+// know. Consumers skip and count such events; they are never fatal.
+var ErrUnknownType = errors.New("unknown event type")
+
+// ErrMalformed marks bytes that are not a valid Berth envelope.
+var ErrMalformed = errors.New("malformed event")
+
+// New wraps a payload in an event stamped with source and time.
+func New(source string, at time.Time, p Payload) Event {
+	return Event{ID: p.EventID(), Source: source, Time: at.UTC(), Subject: p.EventSubject(), Data: p}
+}
+
+// Marshal encodes the event as a structured-mode CloudEvents JSON envelope.
+func Marshal(e Event) ([]byte, error) {
+	data, err := json.Marshal(e.Data)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s data: %w", e.Data.EventType(), err)
+	}
+	return json.Marshal(Envelope{
+		SpecVersion:     SpecVersion,
+		ID:              e.ID,
+		Source:          e.Source,
+		Type:            e.Data.EventType(),
+		Time:            e.Time,
+		Subject:         e.Subject,
+		DataContentType: "application/json",
+		Data:            data,
+	})
+}
+
+// Unmarshal decodes an envelope and its payload. It returns an error wrapping
+// ErrMalformed for bytes that are not an envelope, and ErrUnknownType for a
+// type this build does not know (the envelope fields are still filled in).
+func Unmarshal(b []byte, seq uint64) (Event, error) {
+	var env Envelope
+	if err := json.Unmarshal(b, &env); err != nil {
+		return Event{}, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if env.SpecVersion != SpecVersion || env.ID == "" || env.Type == "" {
+		return Event{}, fmt.Errorf("%w: specversion %q, id %q, type %q", ErrMalformed, env.SpecVersion, env.ID, env.Type)
+	}
+	ev := Event{ID: env.ID, Source: env.Source, Time: env.Time, Subject: env.Subject, Seq: seq}
+	newPayload, ok := catalogue[env.Type]
+	if !ok {
+		return ev, fmt.Errorf("%w: %s", ErrUnknownType, env.Type)
+	}
+	p := newPayload()
+	if err := json.Unmarshal(env.Data, p); err != nil {
+		return ev, fmt.Errorf("%w: %s data: %v", ErrMalformed, env.Type, err)
+	}
+	ev.Data = p
+	return ev, nil
+}

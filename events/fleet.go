@@ -1,0 +1,201 @@
+package events
+
+import (
+	"time"
+)
+
+// JobStatus only moves forward: waiting < queued < in_progress < completed,
+// whatever order the webhooks arrive in.
+type JobStatus int
+
+const (
+	StatusUnknown JobStatus = iota
+	StatusWaiting
+	StatusQueued
+	StatusInProgress
+	StatusCompleted
+)
+
+func (s JobStatus) String() string {
+	return [...]string{"unknown", "waiting", "queued", "in_progress", "completed"}[s]
+}
+
+// Job is the fold of one GitHub job's facts.
+type Job struct {
+	ID, RunID, RunAttempt int64
+	Org, Repo, Name       string
+	Labels                []string
+	Status                JobStatus
+	Conclusion            string
+	Runner                string // runner that took it, from in_progress / completed
+	QueuedAt              time.Time
+	StartedAt             time.Time
+	CompletedAt           time.Time
+	Unschedulable         bool
+	UnschedulableReason   string
+	Minted                int // highest attempt number booked for this job
+	FailedAttempts        int // attempts booked for it that ended without a runner taking any job
+}
+
+// Demand reports whether the job is waiting for a runner: queued, not taken,
+// not given up on.
+func (j *Job) Demand() bool { return j.Status == StatusQueued && !j.Unschedulable }
+
+// HostState is the liveness of a host, last writer (by event time) wins.
+type HostState string
+
+const (
+	HostStateOnline   HostState = "online"
+	HostStateDraining HostState = "draining"
+	HostStateLost     HostState = "lost"
+)
+
+// Host is the fold of one host's facts plus the attempts placed on it.
+type Host struct {
+	Name         string
+	Boot         string
+	Pools        map[string]PoolSlots
+	PhysicalCap  int
+	CurveKey     string
+	Backend      string
+	State        HostState
+	Cordoned     bool
+	CordonReason string
+	Held         map[string]int // pool → slots held on this host
+	LiveVMs      int            // VMs that exist (provisioning … stopped), abandoned ones included
+	AbandonedVMs int            // abandoned and not yet seen stopped
+	Booked       int            // attempts holding a slot or a VM: what physical placement must count
+
+	online, state, cordon stamp
+}
+
+// Accepts reports whether new placements may go to the host.
+func (h *Host) Accepts() bool { return h.State == HostStateOnline && !h.Cordoned }
+
+// Pool is the slot ledger of one pool.
+type Pool struct {
+	Name    string
+	Held    int
+	LastSeq uint64 // stream sequence of the last fact on the pool's subject
+}
+
+// Alarm is an alarm's latest state.
+type Alarm struct {
+	Key, Kind, Pool, Message string
+	RaisedAt                 time.Time
+	Active                   bool
+	last                     stamp
+}
+
+// Fleet is the projection every service folds from the log. Apply is pure,
+// idempotent and insensitive to the order of events (each field is either a
+// forward-only state, a set flag, or last-writer-wins by event time), so a
+// replay, a duplicate or a late redelivery cannot move it backwards.
+type Fleet struct {
+	Jobs     map[int64]*Job
+	Attempts map[string]*Attempt
+	Hosts    map[string]*Host
+	Pools    map[string]*Pool
+	Alarms   map[string]*Alarm
+	// DemandReported is the time of the last demand-waiting report per pool.
+	DemandReported map[string]time.Time
+	// LastSeq is the highest stream sequence applied.
+	LastSeq uint64
+	// Skipped counts events of unknown types.
+	Skipped int
+	// Applied counts events applied (duplicates included).
+	Applied int
+
+	byRunner map[string]int64 // runner name → job it took
+}
+
+// NewFleet returns an empty projection.
+func NewFleet() *Fleet {
+	return &Fleet{
+		Jobs:           map[int64]*Job{},
+		Attempts:       map[string]*Attempt{},
+		Hosts:          map[string]*Host{},
+		Pools:          map[string]*Pool{},
+		Alarms:         map[string]*Alarm{},
+		DemandReported: map[string]time.Time{},
+		byRunner:       map[string]int64{},
+	}
+}
+
+// stamp orders facts for last-writer-wins fields: event time, then stream
+// sequence, then id, so any permutation of the same facts folds the same.
+type stamp struct {
+	at  time.Time
+	seq uint64
+	id  string
+}
+
+func stampOf(e Event) stamp { return stamp{e.Time, e.Seq, e.ID} }
+
+func (s stamp) after(o stamp) bool {
+	if !s.at.Equal(o.at) {
+		return s.at.After(o.at)
+	}
+	if s.seq != o.seq {
+		return s.seq > o.seq
+	}
+	return s.id > o.id
+}
+
+func (f *Fleet) job(id int64) *Job {
+	j, ok := f.Jobs[id]
+	if !ok {
+		j = &Job{ID: id}
+		f.Jobs[id] = j
+	}
+	return j
+}
+
+func (f *Fleet) host(name string) *Host {
+	h, ok := f.Hosts[name]
+	if !ok {
+		h = &Host{Name: name, Held: map[string]int{}, Pools: map[string]PoolSlots{}}
+		f.Hosts[name] = h
+	}
+	return h
+}
+
+func (f *Fleet) pool(name string) *Pool {
+	p, ok := f.Pools[name]
+	if !ok {
+		p = &Pool{Name: name}
+		f.Pools[name] = p
+	}
+	return p
+}
+
+// BoundJob is the job whose runner name is the attempt id, or 0: the only
+// binding of an attempt to a job that GitHub confirms (law 8).
+func (f *Fleet) BoundJob(attempt string) int64 { return f.byRunner[attempt] }
+
+// Capacity is the slots all known, not lost hosts offer a pool.
+func (f *Fleet) Capacity(pool string) int {
+	n := 0
+	for _, h := range f.Hosts {
+		if h.State == HostStateLost {
+			continue
+		}
+		n += h.Pools[pool].Slots
+	}
+	return n
+}
+
+// PoolLabels maps each advertised pool to its runner labels (from the hosts
+// that offer it; the newest advertisement wins).
+func (f *Fleet) PoolLabels() map[string][]string {
+	out := map[string][]string{}
+	newest := map[string]stamp{}
+	for _, h := range f.Hosts {
+		for name, ps := range h.Pools {
+			if s, ok := newest[name]; !ok || h.online.after(s) {
+				out[name], newest[name] = ps.Labels, h.online
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,68 @@
+package events
+
+import (
+	"strconv"
+	"time"
+)
+
+// PoolSlots is what a host offers one pool: the runner labels of its VMs and
+// how many jobs of the pool it runs at once.
+type PoolSlots struct {
+	Labels []string `json:"labels"`
+	Slots  int      `json:"slots"`
+}
+
+// HostOnline: an agent started and advertises its pools, slots, physical VM
+// cap (a macOS host runs at most 2 guests) and the curve public key JIT
+// configs are sealed to. Subject berth.evt.host.<host>; emitted by the agent
+// at start; key host + boot id.
+type HostOnline struct {
+	Host        string               `json:"host"`
+	Boot        string               `json:"boot"`
+	Pools       map[string]PoolSlots `json:"pools"`
+	PhysicalCap int                  `json:"physical_cap"`
+	CurveKey    string               `json:"curve_key"`
+	Backend     string               `json:"backend"`
+}
+
+func (HostOnline) EventType() string      { return TypeHostOnline }
+func (e HostOnline) EventSubject() string { return HostSubject(e.Host) }
+func (e HostOnline) EventID() string      { return e.Host + "/online/" + e.Boot }
+
+// HostChange is the shape of the operator and watchdog host facts.
+type HostChange struct {
+	Host   string    `json:"host"`
+	Reason string    `json:"reason"`
+	By     string    `json:"by,omitempty"`
+	At     time.Time `json:"at"`
+}
+
+func (h HostChange) EventSubject() string { return HostSubject(h.Host) }
+func (h HostChange) id(kind string) string {
+	return h.Host + "/" + kind + "/" + strconv.FormatInt(h.At.UnixNano(), 10)
+}
+
+// HostDraining: the host takes no new placements and leaves when idle.
+type HostDraining struct{ HostChange }
+
+func (HostDraining) EventType() string { return TypeHostDraining }
+func (e HostDraining) EventID() string { return e.id("draining") }
+
+// HostLost: the host's heartbeat expired. The watchdog reacts by releasing
+// every slot held on it.
+type HostLost struct{ HostChange }
+
+func (HostLost) EventType() string { return TypeHostLost }
+func (e HostLost) EventID() string { return e.id("lost") }
+
+// HostCordoned: no new placements on the host until uncordoned.
+type HostCordoned struct{ HostChange }
+
+func (HostCordoned) EventType() string { return TypeHostCordoned }
+func (e HostCordoned) EventID() string { return e.id("cordoned") }
+
+// HostUncordoned lifts a cordon.
+type HostUncordoned struct{ HostChange }
+
+func (HostUncordoned) EventType() string { return TypeHostUncordoned }
+func (e HostUncordoned) EventID() string { return e.id("uncordoned") }

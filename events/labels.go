@@ -1,0 +1,68 @@
+package events
+
+import (
+	"sort"
+	"strings"
+)
+
+// NormalizeLabels lower-cases, trims, deduplicates and sorts labels. GitHub
+// compares runner labels case-insensitively.
+func NormalizeLabels(labels []string) []string {
+	seen := make(map[string]struct{}, len(labels))
+	out := make([]string, 0, len(labels))
+	for _, l := range labels {
+		l = strings.ToLower(strings.TrimSpace(l))
+		if l == "" {
+			continue
+		}
+		if _, dup := seen[l]; dup {
+			continue
+		}
+		seen[l] = struct{}{}
+		out = append(out, l)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// LabelKey is a canonical string for a label set, for counting demand per set.
+func LabelKey(labels []string) string { return strings.Join(NormalizeLabels(labels), ",") }
+
+// Serves reports whether a runner with runnerLabels can take a job asking for
+// jobLabels: GitHub assigns a job to a self-hosted runner that has every label
+// the job's runs-on names (case-insensitive). An empty job label set matches
+// nothing: such a job is not for self-hosted runners.
+func Serves(runnerLabels, jobLabels []string) bool {
+	job := NormalizeLabels(jobLabels)
+	if len(job) == 0 {
+		return false
+	}
+	have := make(map[string]struct{}, len(runnerLabels))
+	for _, l := range runnerLabels {
+		have[strings.ToLower(strings.TrimSpace(l))] = struct{}{}
+	}
+	for _, l := range job {
+		if _, ok := have[l]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// MatchPool picks the pool that serves a job: among pools whose labels
+// include all of the job's labels, the one with the fewest labels (the most
+// specific fit), ties broken by name, so the choice is deterministic. It
+// returns "" when no pool serves the job.
+func MatchPool(jobLabels []string, pools map[string][]string) string {
+	best, bestN := "", 0
+	for name, labels := range pools {
+		if !Serves(labels, jobLabels) {
+			continue
+		}
+		n := len(NormalizeLabels(labels))
+		if best == "" || n < bestN || (n == bestN && name < best) {
+			best, bestN = name, n
+		}
+	}
+	return best
+}

@@ -1,0 +1,48 @@
+package events
+
+// Release reasons: why demand ended for a reservation.
+const (
+	ReleaseCompleted        = "completed"         // the job this attempt ran completed
+	ReleaseSurplus          = "surplus"           // demand for the pool fell below its unbound runners (a job was cancelled before a runner took it)
+	ReleaseProvisionTimeout = "provision_timeout" // no runner came online before the provisioning deadline
+	ReleaseCreateFailed     = "create_failed"     // the backend's create step failed or was abandoned
+	ReleaseMintFailed       = "mint_failed"       // GitHub refused the JIT config
+	ReleaseHostLost         = "host_lost"         // the host stopped heartbeating
+	ReleaseMaxDuration      = "max_duration"      // the job ran past its maximum duration
+)
+
+// SlotReserved books one slot of Pool on Host for a new attempt, before any
+// runner registration exists (law 1). JobID is the job the attempt is minted
+// for; GitHub may hand its runner any job of the pool's labels (law 8).
+// Subject berth.evt.pool.<pool> (the pool's ledger, appended with
+// Nats-Expected-Last-Subject-Sequence); emitted by the dispatcher; the
+// dispatcher reacts by minting a JIT config. Key: attempt id + "reserved".
+type SlotReserved struct {
+	Pool    string   `json:"pool"`
+	Host    string   `json:"host"`
+	Attempt string   `json:"attempt"`
+	JobID   int64    `json:"job_id"`
+	N       int      `json:"n"`
+	Labels  []string `json:"labels"`
+}
+
+func (SlotReserved) EventType() string      { return TypeSlotReserved }
+func (e SlotReserved) EventSubject() string { return PoolSubject(e.Pool) }
+func (e SlotReserved) EventID() string      { return e.Attempt + "/reserved" }
+
+// SlotReleased gives a reservation back, in the same reaction that sees
+// demand end (law 2): never after, never waiting for teardown. Exactly one per
+// reservation; the key does not include the reason, so two paths racing to
+// release are deduplicated by the server. Emitted by the dispatcher
+// (completion, surplus, mint failure) or the watchdog (deadlines, host lost).
+type SlotReleased struct {
+	Pool    string `json:"pool"`
+	Host    string `json:"host"`
+	Attempt string `json:"attempt"`
+	Reason  string `json:"reason"`
+	JobID   int64  `json:"job_id,omitempty"`
+}
+
+func (SlotReleased) EventType() string      { return TypeSlotReleased }
+func (e SlotReleased) EventSubject() string { return PoolSubject(e.Pool) }
+func (e SlotReleased) EventID() string      { return e.Attempt + "/released" }

@@ -1,0 +1,67 @@
+package events
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+)
+
+// Subject scheme. Every aggregate instance has its own subject, so optimistic
+// concurrency works per aggregate (Nats-Expected-Last-Subject-Sequence) and an
+// operator can slice the log with `nats sub` or `nats stream subjects`:
+//
+//	berth.evt.job.<job id>                 job facts from GitHub webhooks, job unschedulable
+//	berth.evt.pool.<pool>                  the pool's slot ledger: slot reserved / released
+//	berth.evt.attempt.<host>.<attempt id>  one placement's lifecycle on one host
+//	berth.evt.host.<host>                  host online / draining / lost / cordoned / uncordoned
+//	berth.evt.demand.<pool>                demand waiting for a slot
+//	berth.evt.alarm.<pool>                 alarms raised / cleared, scoped to a pool
+const (
+	StreamName    = "BERTH_EVENTS"
+	SubjectPrefix = "berth.evt"
+	SubjectAll    = SubjectPrefix + ".>"
+)
+
+// JobSubject is the subject of a GitHub job's facts.
+func JobSubject(jobID int64) string {
+	return SubjectPrefix + ".job." + strconv.FormatInt(jobID, 10)
+}
+
+// PoolSubject is the subject of a pool's slot ledger.
+func PoolSubject(pool string) string { return SubjectPrefix + ".pool." + pool }
+
+// AttemptSubject is the subject of one attempt on one host.
+func AttemptSubject(host, attempt string) string {
+	return SubjectPrefix + ".attempt." + host + "." + attempt
+}
+
+// HostAttemptsFilter matches every attempt placed on host: the agent's filter.
+func HostAttemptsFilter(host string) string { return SubjectPrefix + ".attempt." + host + ".>" }
+
+// HostSubject is the subject of a host's facts.
+func HostSubject(host string) string { return SubjectPrefix + ".host." + host }
+
+// DemandSubject is the subject of a pool's waiting-demand reports.
+func DemandSubject(pool string) string { return SubjectPrefix + ".demand." + pool }
+
+// AlarmSubject is the subject of alarms scoped to a pool (or "fleet").
+func AlarmSubject(scope string) string { return SubjectPrefix + ".alarm." + scope }
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// ValidName reports whether s can be a pool or host name: 1 to 64 of
+// [A-Za-z0-9_-], so that it is a single NATS subject token.
+func ValidName(kind, s string) error {
+	if !nameRE.MatchString(s) {
+		return fmt.Errorf("%s name %q: use 1 to 64 letters, digits, '-' or '_' (it becomes a NATS subject token)", kind, s)
+	}
+	return nil
+}
+
+// AttemptID names the n-th placement made for a job: "berth-<job id>-<n>".
+// It is deterministic, so a dispatcher that crashes after booking and retries
+// reuses the same id (and the server deduplicates the booking), and it is the
+// runner name, the VM name and the key of every resource the attempt owns.
+func AttemptID(jobID int64, n int) string {
+	return "berth-" + strconv.FormatInt(jobID, 10) + "-" + strconv.Itoa(n)
+}

@@ -1,0 +1,106 @@
+// Package cli implements the berth command's operator verbs.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// HeartbeatBucket is where agents put their heartbeats.
+const HeartbeatBucket = "berth_heartbeats"
+
+// FleetStatus replays the log and reads the heartbeat bucket: the
+// `berth status` view. It needs no running dispatcher, only NATS.
+func FleetStatus(ctx context.Context, js jetstream.JetStream) (events.Status, error) {
+	f, err := eventlog.Replay(ctx, js, nil)
+	if err != nil {
+		return events.Status{}, err
+	}
+	st := f.Status()
+	if kv, err := js.KeyValue(ctx, HeartbeatBucket); err == nil {
+		for i, h := range st.Hosts {
+			e, err := kv.Get(ctx, h.Name)
+			if err != nil {
+				continue
+			}
+			var hb struct {
+				At time.Time `json:"at"`
+			}
+			if json.Unmarshal(e.Value(), &hb) == nil {
+				at := hb.At
+				st.Hosts[i].LastHeartbeat = &at
+			}
+		}
+	}
+	if st.Pools == nil {
+		st.Pools = []events.PoolStatus{}
+	}
+	if st.Hosts == nil {
+		st.Hosts = []events.HostStatus{}
+	}
+	return st, nil
+}
+
+// PrintStatus writes the status as JSON or as tables.
+func PrintStatus(w io.Writer, st events.Status, asJSON bool, now time.Time) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	tw := tabwriter.NewWriter(w, 0, 2, 2, ' ', 0)
+	fmt.Fprintln(tw, "POOL\tCAPACITY\tHELD\tRUNNING\tPROVISIONING\tPENDING\tWAITING\tABANDONED\tCORDONED\tALARMS")
+	for _, p := range st.Pools {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%d\n", p.Name, p.Capacity, p.Held, p.Running, p.Provisioning,
+			p.PendingDemand, p.WaitingForSlot, p.AbandonedVMs, dash(strings.Join(p.CordonedHosts, ",")), len(p.Alarms))
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "HOST\tSTATE\tCORDONED\tPHYSICAL_CAP\tLIVE_VMS\tABANDONED\tSLOTS(held/total)\tLAST_HEARTBEAT")
+	for _, h := range st.Hosts {
+		var slots []string
+		for pool, n := range h.Slots {
+			slots = append(slots, fmt.Sprintf("%s %d/%d", pool, h.Held[pool], n))
+		}
+		sort.Strings(slots)
+		hb := "never"
+		if h.LastHeartbeat != nil {
+			hb = now.Sub(*h.LastHeartbeat).Round(time.Second).String() + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%d\t%d\t%s\t%s\n", h.Name, h.State, h.Cordoned, h.PhysicalCap, h.LiveVMs, h.AbandonedVMs,
+			strings.Join(slots, ", "), hb)
+	}
+	fmt.Fprintln(tw)
+	j := st.Jobs
+	fmt.Fprintf(tw, "jobs: %d queued, %d waiting, %d in progress, %d completed, %d unschedulable, %d unmatched (as of seq %d)\n",
+		j.Queued, j.Waiting, j.InProgress, j.Completed, j.Unschedulable, j.Unmatched, st.AsOfSeq)
+	for _, p := range st.Pools {
+		for _, h := range p.HeldBy {
+			bound := "-"
+			if h.Bound != 0 {
+				bound = fmt.Sprint(h.Bound)
+			}
+			fmt.Fprintf(tw, "  held %s: attempt %s on %s, %s, booked for job %d, running job %s\n", p.Name, h.Attempt, h.Host, h.Stage, h.JobID, bound)
+		}
+	}
+	for _, a := range st.Alarms {
+		fmt.Fprintf(tw, "ALARM %s (%s): %s\n", a.Key, a.Pool, a.Message)
+	}
+	return tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,233 @@
+// Command berth runs Berth's services and is the operator's tool.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/berth-ci/berth/services/cli"
+	"github.com/berth-ci/berth/services/config"
+	"github.com/berth-ci/berth/services/run"
+	"github.com/spf13/cobra"
+)
+
+// Exit codes: 0 ok, 1 the operation failed, 2 bad usage or config, 3 NATS
+// unreachable.
+const (
+	exitFailed = 1
+	exitUsage  = 2
+	exitNATS   = 3
+)
+
+type usageError struct{ error }
+type natsError struct{ error }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := root().ExecuteContext(ctx)
+	if err == nil {
+		return
+	}
+	fmt.Fprintln(os.Stderr, "berth:", err)
+	var ue usageError
+	var ne natsError
+	switch {
+	case errors.As(err, &ue):
+		os.Exit(exitUsage)
+	case errors.As(err, &ne):
+		os.Exit(exitNATS)
+	}
+	os.Exit(exitFailed)
+}
+
+func root() *cobra.Command {
+	var natsURL, logLevel string
+	cmd := &cobra.Command{
+		Use:           "berth",
+		Short:         "Ephemeral VMs for GitHub Actions jobs, over an event log in NATS JetStream",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRun: func(cmd *cobra.Command, args []string) {
+			var lvl slog.Level
+			_ = lvl.UnmarshalText([]byte(logLevel))
+			slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})))
+		},
+	}
+	def := os.Getenv("BERTH_NATS_URL")
+	if def == "" {
+		def = "nats://127.0.0.1:4222"
+	}
+	cmd.PersistentFlags().StringVar(&natsURL, "nats", def, "NATS server URL (env BERTH_NATS_URL)")
+	cmd.PersistentFlags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	cmd.AddCommand(devCmd(), serviceCmd("dispatcher", &natsURL), serviceCmd("watchdog", &natsURL), agentCmd(&natsURL),
+		statusCmd(&natsURL), eventsCmd(&natsURL))
+	return cmd
+}
+
+func loadConfig(path string) (*config.Config, error) {
+	c, err := config.Load(path)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return c, nil
+}
+
+func devCmd() *cobra.Command {
+	var cfgPath, listen string
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run the whole system in one process around an embedded nats-server",
+		Example: `  berth dev --config deploy/berth.dev.yaml
+  nats --server nats://127.0.0.1:4222 stream info BERTH_EVENTS   # in another terminal`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := loadConfig(cfgPath)
+			if err != nil {
+				return err
+			}
+			if listen != "" {
+				c.NATS.Listen = listen
+			}
+			c.NATS.URL = ""
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			sys, err := run.Dev(ctx, c, slog.Default())
+			if err != nil {
+				cancel()
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "berth dev: NATS %s, webhooks http://%s/webhook, watchdog http://%s/healthz; Ctrl-C stops\n",
+				sys.NATSURL, sys.DispatcherAddr, sys.WatchdogAddr)
+			<-ctx.Done()
+			return sys.Wait()
+		},
+	}
+	cmd.Flags().StringVar(&cfgPath, "config", "deploy/berth.dev.yaml", "config file")
+	cmd.Flags().StringVar(&listen, "nats-listen", "", "embedded NATS client address (default from config, 127.0.0.1:4222)")
+	return cmd
+}
+
+func serviceCmd(name string, natsURL *string) *cobra.Command {
+	var cfgPath string
+	cmd := &cobra.Command{
+		Use:     name,
+		Short:   "Run the " + name + " against an external NATS",
+		Example: "  berth " + name + " --config /etc/berth/berth.yaml --nats nats://nats:4222",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := loadConfig(cfgPath)
+			if err != nil {
+				return err
+			}
+			if c.NATS.URL == "" {
+				c.NATS.URL = *natsURL
+			}
+			sys := run.NewSystem()
+			ctx := cmd.Context()
+			if name == "dispatcher" {
+				_, _, err = run.Dispatcher(ctx, sys, c, slog.Default())
+			} else {
+				_, _, err = run.Watchdog(ctx, sys, c, slog.Default())
+			}
+			if err != nil {
+				return err
+			}
+			<-ctx.Done()
+			return sys.Wait()
+		},
+	}
+	cmd.Flags().StringVar(&cfgPath, "config", "/etc/berth/berth.yaml", "config file")
+	return cmd
+}
+
+func agentCmd(natsURL *string) *cobra.Command {
+	var cfgPath, host string
+	cmd := &cobra.Command{
+		Use:     "agent",
+		Short:   "Run one host's vmagent against an external NATS",
+		Example: "  berth agent --config /etc/berth/agent.yaml --host mac-mini-01",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := loadConfig(cfgPath)
+			if err != nil {
+				return err
+			}
+			if c.NATS.URL == "" {
+				c.NATS.URL = *natsURL
+			}
+			for _, a := range c.Agents {
+				if host == "" && len(c.Agents) == 1 || a.Host == host {
+					sys := run.NewSystem()
+					if _, err := run.Agent(cmd.Context(), sys, c, a, slog.Default()); err != nil {
+						return err
+					}
+					<-cmd.Context().Done()
+					return sys.Wait()
+				}
+			}
+			return usageError{fmt.Errorf("no agent for host %q in %s: pass --host with one of the agents' host names", host, cfgPath)}
+		},
+	}
+	cmd.Flags().StringVar(&cfgPath, "config", "/etc/berth/agent.yaml", "config file")
+	cmd.Flags().StringVar(&host, "host", "", "which agents[].host to run (needed when the file lists several)")
+	return cmd
+}
+
+func statusCmd(natsURL *string) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show pools (capacity, held, running, demand, abandoned VMs, alarms) and hosts",
+		Long: "status replays the event log and reads agent heartbeats; it needs only NATS.\n" +
+			"Held slots are listed beside the attempts that account for them.",
+		Example: `  berth status
+  berth status --json | jq '.pools[] | {name, capacity, held}'`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			closeNC, js, err := run.JetStream(*natsURL)
+			if err != nil {
+				return natsError{err}
+			}
+			defer closeNC()
+			ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Minute)
+			defer cancel()
+			st, err := cli.FleetStatus(ctx, js)
+			if err != nil {
+				return natsError{err}
+			}
+			return cli.PrintStatus(cmd.OutOrStdout(), st, asJSON, time.Now())
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (the stable contract)")
+	return cmd
+}
+
+func eventsCmd(natsURL *string) *cobra.Command {
+	var asJSON, follow bool
+	var f cli.Filter
+	cmd := &cobra.Command{
+		Use:   "events",
+		Short: "Print the event log, optionally for one job, pool, host or attempt",
+		Example: `  berth events --job 4242
+  berth events --pool macos --follow
+  berth events --attempt berth-4242-1 --json`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			closeNC, js, err := run.JetStream(*natsURL)
+			if err != nil {
+				return natsError{err}
+			}
+			defer closeNC()
+			return cli.Tail(cmd.Context(), js, f, follow, asJSON, cmd.OutOrStdout())
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one CloudEvents JSON envelope per line")
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new events")
+	cmd.Flags().Int64Var(&f.Job, "job", 0, "GitHub job id")
+	cmd.Flags().StringVar(&f.Pool, "pool", "", "pool name")
+	cmd.Flags().StringVar(&f.Host, "host", "", "host name")
+	cmd.Flags().StringVar(&f.Attempt, "attempt", "", "attempt id (runner name)")
+	return cmd
+}

@@ -1,0 +1,223 @@
+// Package config loads Berth's YAML configuration: one file can describe the
+// whole fleet (for `berth dev`) or only the part one service needs.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"gopkg.in/yaml.v3"
+)
+
+// Config is the whole file. Durations are Go durations ("90s", "10m").
+type Config struct {
+	// DataDir holds the embedded server's store and each agent's files.
+	DataDir    string     `yaml:"data_dir"`
+	NATS       NATS       `yaml:"nats"`
+	Dispatcher Dispatcher `yaml:"dispatcher"`
+	Watchdog   Watchdog   `yaml:"watchdog"`
+	Agents     []Agent    `yaml:"agents"`
+}
+
+// NATS says where the log lives.
+type NATS struct {
+	// URL of an external server; empty with `berth dev` means embedded.
+	URL string `yaml:"url"`
+	// Listen is the embedded server's client address (berth dev only).
+	Listen string `yaml:"listen"`
+	// Replicas of the stream: 1 on one server, 3 on a cluster.
+	Replicas int `yaml:"replicas"`
+	// DuplicateWindow is how long JetStream deduplicates Nats-Msg-Id.
+	DuplicateWindow time.Duration `yaml:"duplicate_window"`
+}
+
+// Dispatcher is GitHub intake, slot booking and JIT minting.
+type Dispatcher struct {
+	Listen        string `yaml:"listen"`
+	WebhookSecret string `yaml:"webhook_secret"`
+	// WebhookSecretEnv names an environment variable holding the secret.
+	WebhookSecretEnv string `yaml:"webhook_secret_env"`
+	GitHub           GitHub `yaml:"github"`
+	// MaxAttempts is how many failed placements a job gets before it is
+	// declared unschedulable.
+	MaxAttempts int `yaml:"max_attempts"`
+	// MintTimeout bounds one JIT-config call to GitHub.
+	MintTimeout time.Duration `yaml:"mint_timeout"`
+}
+
+// GitHub is where and as whom the dispatcher calls the REST API.
+type GitHub struct {
+	// APIURL is the REST base, e.g. https://api.github.com/ or a GitHub
+	// Enterprise Server's https://ghes.example.com/api/v3/.
+	APIURL string `yaml:"api_url"`
+	Token  string `yaml:"token"`
+	// TokenEnv names an environment variable holding the token.
+	TokenEnv string `yaml:"token_env"`
+	// Scope is "org" (runners registered to Org) or "repo" (to each job's repository).
+	Scope         string `yaml:"scope"`
+	Org           string `yaml:"org"`
+	RunnerGroupID int64  `yaml:"runner_group_id"`
+}
+
+// Watchdog owns deadlines.
+type Watchdog struct {
+	Listen string `yaml:"listen"`
+	// ProvisionTimeout: placed → runner started, or the slot is released and
+	// the job placed again.
+	ProvisionTimeout time.Duration `yaml:"provision_timeout"`
+	// TeardownTimeout: teardown requested → stopped, or the VM is abandoned.
+	TeardownTimeout time.Duration `yaml:"teardown_timeout"`
+	// HostTTL: a host whose heartbeat is older is lost.
+	HostTTL time.Duration `yaml:"host_ttl"`
+	// DemandWaitingAfter and DemandWaitingEvery pace "demand waiting" reports.
+	DemandWaitingAfter time.Duration `yaml:"demand_waiting_after"`
+	DemandWaitingEvery time.Duration `yaml:"demand_waiting_every"`
+	// LeakGrace: a held slot with no live attempt for this long raises an alarm.
+	LeakGrace time.Duration `yaml:"leak_grace"`
+	// Retention: terminal jobs and attempts leave the projections after this.
+	Retention time.Duration `yaml:"retention"`
+}
+
+// Agent is one host's vmagent.
+type Agent struct {
+	Host        string          `yaml:"host"`
+	Listen      string          `yaml:"listen"`
+	PhysicalCap int             `yaml:"physical_cap"`
+	Pools       map[string]Pool `yaml:"pools"`
+	Backend     Backend         `yaml:"backend"`
+	// Heartbeat is how often the agent proves it is alive.
+	Heartbeat time.Duration `yaml:"heartbeat"`
+}
+
+// Pool is what a host offers one pool.
+type Pool struct {
+	Labels []string `yaml:"labels"`
+	Slots  int      `yaml:"slots"`
+}
+
+// Backend selects and configures the VM backend.
+type Backend struct {
+	Kind string `yaml:"kind"` // "exec"
+	Exec Exec   `yaml:"exec"`
+}
+
+// Exec runs operator commands for each lifecycle step (see the exec backend).
+type Exec struct {
+	Create []string          `yaml:"create"`
+	Stop   []string          `yaml:"stop"`
+	Env    map[string]string `yaml:"env"`
+	// CreateTimeout and StopTimeout bound each step (law 3).
+	CreateTimeout time.Duration `yaml:"create_timeout"`
+	StopTimeout   time.Duration `yaml:"stop_timeout"`
+}
+
+// Load reads, defaults and validates a file.
+func Load(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w (pass --config, see deploy/berth.example.yaml)", err)
+	}
+	return Parse(b)
+}
+
+// Parse defaults and validates YAML bytes.
+func Parse(b []byte) (*Config, error) {
+	var c Config
+	if err := yaml.Unmarshal(b, &c); err != nil {
+		return nil, fmt.Errorf("parse config: %w", err)
+	}
+	c.Defaults()
+	return &c, c.Validate()
+}
+
+func or[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// Defaults fills every unset field with the documented default.
+func (c *Config) Defaults() {
+	or(&c.DataDir, "./data")
+	or(&c.NATS.Listen, "127.0.0.1:4222")
+	or(&c.NATS.Replicas, 1)
+	or(&c.NATS.DuplicateWindow, 2*time.Minute)
+	d := &c.Dispatcher
+	or(&d.Listen, "127.0.0.1:8080")
+	or(&d.MaxAttempts, 5)
+	or(&d.MintTimeout, 10*time.Second)
+	or(&d.GitHub.APIURL, "https://api.github.com/")
+	or(&d.GitHub.Scope, "org")
+	w := &c.Watchdog
+	or(&w.Listen, "127.0.0.1:8081")
+	or(&w.ProvisionTimeout, 10*time.Minute)
+	or(&w.TeardownTimeout, 5*time.Minute)
+	or(&w.HostTTL, 30*time.Second)
+	or(&w.DemandWaitingAfter, 30*time.Second)
+	or(&w.DemandWaitingEvery, 5*time.Minute)
+	or(&w.LeakGrace, time.Minute)
+	or(&w.Retention, 72*time.Hour)
+	for i := range c.Agents {
+		a := &c.Agents[i]
+		or(&a.Heartbeat, 5*time.Second)
+		or(&a.Backend.Kind, "exec")
+		or(&a.Backend.Exec.CreateTimeout, 5*time.Minute)
+		or(&a.Backend.Exec.StopTimeout, 2*time.Minute)
+		if a.PhysicalCap == 0 {
+			for _, p := range a.Pools {
+				a.PhysicalCap += p.Slots
+			}
+		}
+	}
+}
+
+// Validate reports every problem at once, each with what to change.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if s := c.Dispatcher.GitHub.Scope; s != "org" && s != "repo" {
+		bad("dispatcher.github.scope %q: use org or repo", s)
+	}
+	seen := map[string]bool{}
+	for i, a := range c.Agents {
+		if err := events.ValidName("host", a.Host); err != nil {
+			bad("agents[%d].host: %w", i, err)
+		}
+		if seen[a.Host] {
+			bad("agents[%d].host %q appears twice: each host runs one agent", i, a.Host)
+		}
+		seen[a.Host] = true
+		if len(a.Pools) == 0 {
+			bad("agents[%d] (%s): no pools: give it at least one pool with labels and slots", i, a.Host)
+		}
+		for name, p := range a.Pools {
+			if err := events.ValidName("pool", name); err != nil {
+				bad("agents[%d].pools: %w", i, err)
+			}
+			if p.Slots < 1 || len(p.Labels) == 0 {
+				bad("agents[%d].pools.%s: needs slots >= 1 and at least one label", i, name)
+			}
+		}
+		if a.Backend.Kind != "exec" {
+			bad("agents[%d].backend.kind %q: this build supports exec", i, a.Backend.Kind)
+		} else if len(a.Backend.Exec.Create) == 0 || len(a.Backend.Exec.Stop) == 0 {
+			bad("agents[%d].backend.exec: create and stop commands are required (see deploy/exec/)", i)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Secret resolves a value given inline or through an environment variable.
+func Secret(inline, env string) string {
+	if inline != "" {
+		return inline
+	}
+	if env != "" {
+		return os.Getenv(env)
+	}
+	return ""
+}

@@ -1,0 +1,184 @@
+// Package dispatch is the dispatcher: GitHub intake, slot booking, JIT
+// minting, placement and release. decide.go is its pure part.
+package dispatch
+
+import (
+	"sort"
+
+	"github.com/berth-ci/berth/events"
+)
+
+// Plan is what the dispatcher should append (and mint) given the fold. Each
+// item is keyed by a deterministic id, so acting on the same plan twice is
+// harmless (law 9).
+type Plan struct {
+	// Reserve books slots, in order, per pool (appended with the pool
+	// ledger's expected last sequence).
+	Reserve []events.SlotReserved
+	// Mint lists booked attempts that still need a JIT config and a placement.
+	Mint []*events.Attempt
+	// Release gives back slots whose demand ended; Teardown asks agents to
+	// stop VMs whose slot is released. A release never waits for a teardown.
+	Release  []events.SlotReleased
+	Teardown []events.AttemptTeardownRequested
+	// Unschedulable gives up on jobs that failed too many placements.
+	Unschedulable []events.JobUnschedulable
+}
+
+// Params tunes Decide.
+type Params struct {
+	// MaxAttempts is the number of failed placements after which a job is
+	// unschedulable.
+	MaxAttempts int
+}
+
+// Decide derives the dispatcher's next facts from the fold. It is pure.
+//
+// Demand is counted per pool (law 8): GitHub hands a runner any queued job
+// whose labels it has, so a pool needs as many unbound runners (booked
+// attempts no job has taken yet) as it has queued jobs; it books the
+// difference, oldest jobs first, and releases the surplus when a job is
+// cancelled or taken by a runner that is not ours.
+func Decide(f *events.Fleet, p Params) Plan {
+	var plan Plan
+	labels := f.PoolLabels()
+	demand := map[string][]*events.Job{}
+	for _, j := range f.Jobs {
+		if !j.Demand() {
+			continue
+		}
+		if pool := events.MatchPool(j.Labels, labels); pool != "" {
+			demand[pool] = append(demand[pool], j)
+		}
+	}
+	unbound := map[string][]*events.Attempt{}
+	ownUnbound := map[int64]bool{}
+	for _, a := range sortedAttempts(f) {
+		bound := f.BoundJob(a.ID)
+		switch {
+		case a.Held() && bound != 0 && f.Jobs[bound] != nil && f.Jobs[bound].Status == events.StatusCompleted:
+			plan.Release = append(plan.Release, release(a, events.ReleaseCompleted))
+		case a.Held() && a.Failed:
+			plan.Release = append(plan.Release, release(a, events.ReleaseCreateFailed))
+		case a.Held() && bound == 0:
+			unbound[a.Pool] = append(unbound[a.Pool], a)
+			ownUnbound[a.JobID] = true
+			if !a.Placed {
+				plan.Mint = append(plan.Mint, a)
+			}
+		case a.Released && a.Placed && !a.TeardownReq && !a.Stopped:
+			plan.Teardown = append(plan.Teardown, teardown(a, a.ReleaseReason))
+		}
+	}
+	pools := make([]string, 0, len(labels))
+	for name := range labels {
+		pools = append(pools, name)
+	}
+	sort.Strings(pools)
+	booked := map[string]int{}     // host → attempts booked in this plan
+	heldNow := map[[2]string]int{} // host,pool → slots booked in this plan
+	for _, pool := range pools {
+		jobs := demand[pool]
+		supply := unbound[pool]
+		if surplus := len(supply) - len(jobs); surplus > 0 {
+			for _, a := range leastAdvanced(supply, surplus) {
+				plan.Release = append(plan.Release, release(a, events.ReleaseSurplus))
+			}
+			continue
+		}
+		need := len(jobs) - len(supply)
+		sort.Slice(jobs, func(i, k int) bool {
+			if !jobs[i].QueuedAt.Equal(jobs[k].QueuedAt) {
+				return jobs[i].QueuedAt.Before(jobs[k].QueuedAt)
+			}
+			return jobs[i].ID < jobs[k].ID
+		})
+		for _, j := range jobs {
+			if need == 0 {
+				break
+			}
+			if ownUnbound[j.ID] {
+				continue
+			}
+			if j.FailedAttempts >= p.MaxAttempts {
+				plan.Unschedulable = append(plan.Unschedulable, events.JobUnschedulable{
+					JobID: j.ID, Attempts: j.FailedAttempts,
+					Reason: "every placement failed before a runner took a job; check the backend's create step and the agents' logs"})
+				need--
+				continue
+			}
+			host := pickHost(f, pool, booked, heldNow)
+			if host == "" {
+				break // no free slot or physical room: the job stays demand
+			}
+			booked[host]++
+			heldNow[[2]string{host, pool}]++
+			n := j.Minted + 1
+			plan.Reserve = append(plan.Reserve, events.SlotReserved{
+				Pool: pool, Host: host, Attempt: events.AttemptID(j.ID, n), JobID: j.ID, N: n, Labels: labels[pool]})
+			need--
+		}
+	}
+	return plan
+}
+
+// pickHost returns the accepting host with the most free slots in pool and
+// physical room, or "". Ties go to the name that sorts first.
+func pickHost(f *events.Fleet, pool string, booked map[string]int, heldNow map[[2]string]int) string {
+	best, bestFree := "", 0
+	for name, h := range f.Hosts {
+		ps, ok := h.Pools[pool]
+		if !ok || !h.Accepts() || h.CurveKey == "" {
+			continue
+		}
+		free := ps.Slots - h.Held[pool] - heldNow[[2]string{name, pool}]
+		room := h.PhysicalCap - h.Booked - booked[name]
+		if free <= 0 || room <= 0 {
+			continue
+		}
+		if free > bestFree || (free == bestFree && name < best) {
+			best, bestFree = name, free
+		}
+	}
+	return best
+}
+
+// leastAdvanced picks n attempts to give back, those that cost least to
+// lose first: not placed, then not started, newest first.
+func leastAdvanced(as []*events.Attempt, n int) []*events.Attempt {
+	rank := func(a *events.Attempt) int {
+		switch {
+		case !a.Placed:
+			return 0
+		case !a.RunnerStarted:
+			return 1
+		}
+		return 2
+	}
+	out := append([]*events.Attempt(nil), as...)
+	sort.SliceStable(out, func(i, k int) bool {
+		if rank(out[i]) != rank(out[k]) {
+			return rank(out[i]) < rank(out[k])
+		}
+		return out[i].ReservedAt.After(out[k].ReservedAt)
+	})
+	return out[:n]
+}
+
+func sortedAttempts(f *events.Fleet) []*events.Attempt {
+	out := make([]*events.Attempt, 0, len(f.Attempts))
+	for _, a := range f.Attempts {
+		out = append(out, a)
+	}
+	sort.Slice(out, func(i, k int) bool { return out[i].ID < out[k].ID })
+	return out
+}
+
+func release(a *events.Attempt, reason string) events.SlotReleased {
+	return events.SlotReleased{Pool: a.Pool, Host: a.Host, Attempt: a.ID, Reason: reason, JobID: a.JobID}
+}
+
+func teardown(a *events.Attempt, reason string) events.AttemptTeardownRequested {
+	return events.AttemptTeardownRequested{
+		AttemptRef: events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}, Reason: reason}
+}

@@ -1,0 +1,243 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/nats-io/nkeys"
+)
+
+// Minter mints a JIT runner configuration on GitHub for one attempt: the
+// runner is named after the attempt and carries the pool's labels.
+type Minter interface {
+	Mint(ctx context.Context, a MintRequest) (runnerID int64, encodedJIT string, err error)
+}
+
+// MintRequest is what a JIT config is minted for.
+type MintRequest struct {
+	RunnerName string
+	Labels     []string
+	Org, Repo  string // the job's repository, for repo-scoped runners
+}
+
+// Options configure a Dispatcher.
+type Options struct {
+	Params      Params
+	MintTimeout time.Duration
+	Now         func() time.Time
+	Logger      *slog.Logger
+}
+
+// Dispatcher is the act shell around Decide: it folds the log, appends the
+// plan, and mints JIT configs off the loop.
+type Dispatcher struct {
+	Loop     *eventlog.Loop
+	log      *eventlog.Appender
+	minter   Minter
+	opts     Options
+	curve    nkeys.KeyPair
+	curvePub string
+	metrics  *Metrics
+
+	fleet   *events.Fleet
+	pending map[string]time.Time // event or mint ids in flight → when
+	wg      sync.WaitGroup
+}
+
+// New builds a dispatcher. Its curve key seals JIT configs to agents.
+func New(loop *eventlog.Loop, app *eventlog.Appender, m Minter, opts Options, metrics *Metrics) (*Dispatcher, error) {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.MintTimeout == 0 {
+		opts.MintTimeout = 10 * time.Second
+	}
+	if opts.Params.MaxAttempts == 0 {
+		opts.Params.MaxAttempts = 5
+	}
+	kp, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		return nil, fmt.Errorf("curve key: %w", err)
+	}
+	pub, _ := kp.PublicKey()
+	return &Dispatcher{Loop: loop, log: app, minter: m, opts: opts, curve: kp, curvePub: pub,
+		metrics: metrics, fleet: events.NewFleet(), pending: map[string]time.Time{}}, nil
+}
+
+// Run drives the dispatcher until ctx ends, then waits for its mints.
+func (d *Dispatcher) Run(ctx context.Context) error {
+	defer d.wg.Wait()
+	return d.Loop.Run(ctx, d)
+}
+
+// Apply implements eventlog.Reactor.
+func (d *Dispatcher) Apply(del eventlog.Delivered) {
+	if del.Err != nil {
+		d.metrics.skipped(del.Err)
+		d.opts.Logger.Warn("skipping event", "seq", del.Event.Seq, "err", del.Err)
+		return
+	}
+	d.fleet.Apply(del.Event)
+	delete(d.pending, del.Event.ID)
+}
+
+// pendingFor is how long an appended fact or a mint is trusted to show up
+// in the fold before the dispatcher tries again.
+const pendingFor = 10 * time.Second
+
+func (d *Dispatcher) inFlight(id string, now time.Time) bool {
+	at, ok := d.pending[id]
+	return ok && now.Sub(at) < pendingFor
+}
+
+// Decide implements eventlog.Reactor: it appends the plan in the order that
+// keeps the laws: releases first (law 2), then teardowns, then bookings, and
+// mints last, off the loop.
+func (d *Dispatcher) Decide(ctx context.Context) {
+	now := d.opts.Now()
+	plan := Decide(d.fleet, d.opts.Params)
+	for _, r := range plan.Release {
+		d.appendPool(ctx, now, r, r.Pool)
+	}
+	for _, t := range plan.Teardown {
+		d.append(ctx, now, t, nil)
+	}
+	for _, u := range plan.Unschedulable {
+		d.append(ctx, now, u, nil)
+	}
+	conflicted := map[string]bool{}
+	for _, r := range plan.Reserve {
+		if conflicted[r.Pool] {
+			continue
+		}
+		if err := d.appendPool(ctx, now, r, r.Pool); errors.Is(err, eventlog.ErrConflict) {
+			conflicted[r.Pool] = true // re-read the ledger, decide again
+		}
+	}
+	for _, a := range plan.Mint {
+		d.mint(ctx, now, a)
+	}
+	d.metrics.observe(d.fleet)
+}
+
+// appendPool appends to a pool's ledger with optimistic concurrency: it
+// succeeds only if nobody else wrote to the ledger since the fold last saw it.
+func (d *Dispatcher) appendPool(ctx context.Context, now time.Time, p events.Payload, pool string) error {
+	seq := d.fleet.Pools[pool]
+	var expect uint64
+	if seq != nil {
+		expect = seq.LastSeq
+	}
+	return d.append(ctx, now, p, &expect)
+}
+
+func (d *Dispatcher) append(ctx context.Context, now time.Time, p events.Payload, expect *uint64) error {
+	ev := d.log.New(now, p)
+	if d.inFlight(ev.ID, now) {
+		return nil
+	}
+	seq, _, err := d.log.Append(ctx, ev, expect)
+	if err != nil {
+		if !errors.Is(err, eventlog.ErrConflict) {
+			d.opts.Logger.Warn("append failed; will retry", "event", ev.ID, "err", err)
+		}
+		return err
+	}
+	d.pending[ev.ID] = now
+	if expect != nil {
+		// Chain the next append to this pool's ledger onto this one.
+		if pl := d.fleet.Pools[poolOf(p)]; pl != nil && seq > pl.LastSeq {
+			pl.LastSeq = seq
+		}
+	}
+	d.opts.Logger.Debug("appended", "event", ev.ID, "type", ev.Type(), "seq", seq)
+	return nil
+}
+
+func poolOf(p events.Payload) string {
+	switch v := p.(type) {
+	case events.SlotReserved:
+		return v.Pool
+	case events.SlotReleased:
+		return v.Pool
+	}
+	return ""
+}
+
+// mint asks GitHub for a JIT config off the loop, bounded by MintTimeout
+// (law 3), seals it to the host's curve key and appends the placement. A
+// refusal releases the slot so the job is booked again with a fresh attempt.
+func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt) {
+	key := a.ID + "/mint"
+	if d.inFlight(key, now) {
+		return
+	}
+	host := d.fleet.Hosts[a.Host]
+	job := d.fleet.Jobs[a.JobID]
+	if host == nil || host.CurveKey == "" || job == nil {
+		return
+	}
+	d.pending[key] = now
+	req := MintRequest{RunnerName: a.ID, Labels: a.Labels, Org: job.Org, Repo: job.Repo}
+	ref := events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}
+	jobID, sealTo := a.JobID, host.CurveKey
+	logger := d.opts.Logger.With("attempt", a.ID, "pool", a.Pool, "host", a.Host, "job", a.JobID)
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		mctx, cancel := context.WithTimeout(ctx, d.opts.MintTimeout)
+		defer cancel()
+		start := time.Now()
+		runnerID, jit, err := d.minter.Mint(mctx, req)
+		d.metrics.mintSeconds.Observe(time.Since(start).Seconds())
+		if err != nil {
+			logger.Warn("JIT config refused; releasing the slot so the job is booked again", "err", err)
+			d.Loop.Post(ctx, func() {
+				d.appendPool(ctx, d.opts.Now(), events.SlotReleased{Pool: ref.Pool, Host: ref.Host, Attempt: ref.Attempt,
+					Reason: events.ReleaseMintFailed, JobID: jobID}, ref.Pool)
+			})
+			return
+		}
+		sealed, err := d.curve.Seal([]byte(jit), sealTo)
+		if err != nil {
+			logger.Error("sealing JIT config failed", "err", err)
+			return
+		}
+		placed := events.AttemptPlaced{AttemptRef: ref, JobID: jobID, Labels: req.Labels, RunnerID: runnerID,
+			SealedJIT: sealed, SealedBy: d.curvePub, SealedTo: sealTo}
+		if _, _, err := d.log.Append(ctx, d.log.New(d.opts.Now(), placed), nil); err != nil {
+			logger.Warn("placement append failed; will mint again", "err", err)
+			return
+		}
+		logger.Info("attempt placed")
+	}()
+}
+
+// Fleet exposes the fold for health and tests; call it only from the loop
+// (e.g. inside Loop.Post).
+func (d *Dispatcher) Fleet() *events.Fleet { return d.fleet }
+
+// Snapshot runs fn on the dispatcher's loop with its fold and waits for it
+// (up to ctx). It is how tests and health read the live projection safely.
+func (d *Dispatcher) Snapshot(ctx context.Context, fn func(*events.Fleet)) error {
+	done := make(chan struct{})
+	d.Loop.Post(ctx, func() {
+		fn(d.fleet)
+		close(done)
+	})
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("dispatcher loop did not answer: %w", ctx.Err())
+	}
+}

@@ -1,0 +1,56 @@
+package dispatch
+
+import (
+	"errors"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the dispatcher's Prometheus series.
+type Metrics struct {
+	webhooks     *prometheus.CounterVec
+	skippedTotal *prometheus.CounterVec
+	held         *prometheus.GaugeVec
+	capacity     *prometheus.GaugeVec
+	demand       *prometheus.GaugeVec
+	mintSeconds  prometheus.Histogram
+}
+
+// NewMetrics registers the dispatcher's series on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "berth_webhooks_total",
+			Help: "Webhook deliveries by event, action and outcome (stored, duplicate, ignored, unauthorized, too_large, bad_request, unavailable)."},
+			[]string{"event", "action", "outcome"}),
+		skippedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "berth_events_skipped_total",
+			Help: "Events the fold skipped, by reason (unknown_type, malformed)."}, []string{"reason"}),
+		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "berth_slots_held",
+			Help: "Slots held per pool."}, []string{"pool"}),
+		capacity: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "berth_slots_capacity",
+			Help: "Slots offered per pool by hosts that are not lost."}, []string{"pool"}),
+		demand: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "berth_jobs_queued",
+			Help: "Queued jobs per pool that no runner has taken yet."}, []string{"pool"}),
+		mintSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "berth_jit_mint_seconds",
+			Help: "Time to mint one JIT runner configuration on GitHub.", Buckets: prometheus.DefBuckets}),
+	}
+	reg.MustRegister(m.webhooks, m.skippedTotal, m.held, m.capacity, m.demand, m.mintSeconds)
+	return m
+}
+
+func (m *Metrics) skipped(err error) {
+	reason := "malformed"
+	if errors.Is(err, events.ErrUnknownType) {
+		reason = "unknown_type"
+	}
+	m.skippedTotal.WithLabelValues(reason).Inc()
+}
+
+func (m *Metrics) observe(f *events.Fleet) {
+	st := f.Status()
+	for _, p := range st.Pools {
+		m.held.WithLabelValues(p.Name).Set(float64(p.Held))
+		m.capacity.WithLabelValues(p.Name).Set(float64(p.Capacity))
+		m.demand.WithLabelValues(p.Name).Set(float64(p.PendingDemand))
+	}
+}

@@ -1,0 +1,120 @@
+package eventlog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Delivered is one stored fact as a follower sees it. Pending is how many
+// more matching facts the server holds after it (0: caught up). Err is set,
+// with ErrMalformed or ErrUnknownType, when the message could not be decoded:
+// such messages are skipped and counted, never fatal.
+type Delivered struct {
+	Event   events.Event
+	Pending uint64
+	Err     error
+}
+
+// Follow reads the log in order from startSeq (1 or 0: the beginning) with
+// an ordered consumer filtered to filters, and sends every message to out
+// until ctx ends. The ordered consumer recreates itself after a reconnect or
+// a gap, so the fold never silently stops.
+func Follow(ctx context.Context, js jetstream.JetStream, filters []string, startSeq uint64, out chan<- Delivered) error {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: filters}
+	if startSeq > 1 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = startSeq
+	}
+	cons, err := js.OrderedConsumer(ctx, events.StreamName, cfg)
+	if err != nil {
+		return fmt.Errorf("follow %v: %w", filters, err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(512))
+	if err != nil {
+		return fmt.Errorf("follow %v: %w", filters, err)
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	defer it.Stop()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return ctx.Err()
+			}
+			slog.Warn("event log follower: retrying", "err", err)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+			continue
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			continue
+		}
+		ev, derr := events.Unmarshal(msg.Data(), meta.Sequence.Stream)
+		ev.Seq = meta.Sequence.Stream
+		select {
+		case out <- Delivered{Event: ev, Pending: meta.NumPending, Err: derr}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// LastSeq returns the stream's last sequence (0 when empty).
+func LastSeq(ctx context.Context, js jetstream.JetStream) (uint64, error) {
+	s, err := js.Stream(ctx, events.StreamName)
+	if err != nil {
+		return 0, fmt.Errorf("stream %s: %w (has any Berth service started against this NATS?)", events.StreamName, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return info.State.LastSeq, nil
+}
+
+// Replay folds the whole log (up to the sequence that was last when it
+// started) into a fresh projection. progress, when not nil, is called every
+// 10,000 events with (done, total).
+func Replay(ctx context.Context, js jetstream.JetStream, progress func(done, total uint64)) (*events.Fleet, error) {
+	f := events.NewFleet()
+	last, err := LastSeq(ctx, js)
+	if err != nil || last == 0 {
+		return f, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch := make(chan Delivered, 1024)
+	errc := make(chan error, 1)
+	go func() { errc <- Follow(ctx, js, []string{events.SubjectAll}, 1, ch) }()
+	for {
+		select {
+		case d := <-ch:
+			if d.Err == nil {
+				f.Apply(d.Event)
+			} else {
+				f.Skipped++
+			}
+			if progress != nil && d.Event.Seq%10000 == 0 {
+				progress(d.Event.Seq, last)
+			}
+			if d.Event.Seq >= last {
+				cancel()
+				<-errc
+				return f, nil
+			}
+		case err := <-errc:
+			return f, fmt.Errorf("replay stopped at seq %d of %d: %w", f.LastSeq, last, err)
+		}
+	}
+}

@@ -1,0 +1,59 @@
+// Package eventlog is Berth's plumbing to NATS JetStream: the embedded
+// server, the stream, appending facts with idempotency and optimistic
+// concurrency, and following the log into a fold.
+package eventlog
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// EmbeddedConfig configures the in-process nats-server of `berth dev`.
+type EmbeddedConfig struct {
+	// Listen is host:port for clients; "127.0.0.1:4222" lets the nats CLI
+	// look in with its defaults. Port 0 picks a free port.
+	Listen string
+	// StoreDir holds JetStream's files.
+	StoreDir string
+}
+
+// StartEmbedded starts a JetStream-enabled nats-server in this process and
+// waits (up to 10 s) until it accepts clients. The caller owns it:
+// Shutdown then WaitForShutdown.
+func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
+	host, portStr, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats listen %q: %w (use host:port, e.g. 127.0.0.1:4222)", cfg.Listen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats port %q: %w", portStr, err)
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	opts := &server.Options{
+		ServerName: "berth-dev",
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   cfg.StoreDir,
+		NoSigs:     true,
+		NoLog:      true,
+		MaxPayload: 4 << 20,
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		return nil, fmt.Errorf("embedded nats on %s not ready after 10s: is the port in use? pick another with --nats-listen", cfg.Listen)
+	}
+	return s, nil
+}

@@ -1,0 +1,289 @@
+// Package run wires Berth's services from a config: each service on its own
+// NATS connection, as if it were its own process, and `berth dev`, which
+// runs them all around an embedded nats-server.
+package run
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/config"
+	"github.com/berth-ci/berth/services/dispatch"
+	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/httpx"
+	"github.com/berth-ci/berth/services/vmagent"
+	"github.com/berth-ci/berth/services/vmagent/backends/exec"
+	"github.com/berth-ci/berth/services/watchdog"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// System is a running set of services.
+type System struct {
+	NATSURL        string
+	DispatcherAddr string
+	WatchdogAddr   string
+	AgentAddrs     map[string]string
+	Dispatcher     *dispatch.Dispatcher
+	Watchdog       *watchdog.Watchdog
+
+	server *server.Server
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	errs   []error
+}
+
+func (s *System) fail(name string, err error) {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return
+	}
+	s.mu.Lock()
+	s.errs = append(s.errs, fmt.Errorf("%s: %w", name, err))
+	s.mu.Unlock()
+}
+
+// Wait blocks until every service has stopped (cancel the context given to
+// Start), shuts the embedded server down, and returns the services' errors.
+func (s *System) Wait() error {
+	s.wg.Wait()
+	if s.server != nil {
+		s.server.Shutdown()
+		s.server.WaitForShutdown()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return errors.Join(s.errs...)
+}
+
+func (s *System) goRun(name string, fn func() error) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.fail(name, fn())
+	}()
+}
+
+// Dev starts the whole system: an embedded nats-server (unless cfg.NATS.URL
+// names one), the stream, the dispatcher, the watchdog and every configured
+// agent. It returns once every HTTP endpoint is listening.
+func Dev(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*System, error) {
+	s := &System{AgentAddrs: map[string]string{}, NATSURL: cfg.NATS.URL}
+	if s.NATSURL == "" {
+		srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: cfg.NATS.Listen,
+			StoreDir: filepath.Join(cfg.DataDir, "nats")})
+		if err != nil {
+			return nil, err
+		}
+		s.server, s.NATSURL = srv, srv.ClientURL()
+		logger.Info("embedded nats-server started", "url", s.NATSURL, "store", filepath.Join(cfg.DataDir, "nats"))
+	}
+	cfg.NATS.URL = s.NATSURL
+	if err := ensure(ctx, cfg); err != nil {
+		s.shutdownServer()
+		return nil, err
+	}
+	var err error
+	if s.Dispatcher, s.DispatcherAddr, err = Dispatcher(ctx, s, cfg, logger); err != nil {
+		return nil, s.abort(err)
+	}
+	if s.Watchdog, s.WatchdogAddr, err = Watchdog(ctx, s, cfg, logger); err != nil {
+		return nil, s.abort(err)
+	}
+	for _, a := range cfg.Agents {
+		addr, err := Agent(ctx, s, cfg, a, logger)
+		if err != nil {
+			return nil, s.abort(err)
+		}
+		s.AgentAddrs[a.Host] = addr
+	}
+	return s, nil
+}
+
+func (s *System) shutdownServer() {
+	if s.server != nil {
+		s.server.Shutdown()
+		s.server.WaitForShutdown()
+	}
+}
+
+// abort is for a failed start: the caller cancels ctx; we wait for what did
+// start, then report.
+func (s *System) abort(err error) error {
+	return fmt.Errorf("start: %w (cancel the context to stop what started)", err)
+}
+
+// NewSystem returns an empty system for running single services.
+func NewSystem() *System { return &System{AgentAddrs: map[string]string{}} }
+
+func ensure(ctx context.Context, cfg *config.Config) error {
+	nc, js, err := eventlog.Connect(cfg.NATS.URL, "berth-setup")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	_, err = eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{Replicas: cfg.NATS.Replicas, DuplicateWindow: cfg.NATS.DuplicateWindow})
+	return err
+}
+
+func registry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+func serve(ctx context.Context, s *System, name, addr string, h http.Handler) (string, error) {
+	ready := make(chan string, 1)
+	errc := make(chan error, 1)
+	s.goRun(name+" http", func() error {
+		err := httpx.Serve(ctx, addr, h, ready)
+		errc <- err
+		return err
+	})
+	select {
+	case a := <-ready:
+		return a, nil
+	case err := <-errc:
+		return "", err
+	case <-time.After(10 * time.Second):
+		return "", fmt.Errorf("%s http on %s not listening after 10s", name, addr)
+	}
+}
+
+// loopHealthy is the shared liveness rule: caught up with the log, and the
+// loop turned within the last few ticks (a wedged loop is unhealthy).
+func loopHealthy(l *eventlog.Loop) (bool, map[string]any) {
+	stale := time.Since(l.LastProgress())
+	ok := l.CaughtUp() && stale < 10*time.Second
+	return ok, map[string]any{"caught_up": l.CaughtUp(), "last_seq": l.LastSeq(), "loop_idle_seconds": stale.Seconds()}
+}
+
+// Dispatcher starts the dispatcher and its HTTP endpoints.
+func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog.Logger) (*dispatch.Dispatcher, string, error) {
+	nc, js, err := eventlog.Connect(cfg.NATS.URL, "berth-dispatcher")
+	if err != nil {
+		return nil, "", err
+	}
+	logger = logger.With("service", "dispatcher")
+	dc := cfg.Dispatcher
+	gh, err := dispatch.NewGitHubClient(dc.GitHub.APIURL, config.Secret(dc.GitHub.Token, dc.GitHub.TokenEnv), nil)
+	if err != nil {
+		nc.Close()
+		return nil, "", err
+	}
+	minter := &dispatch.GitHubMinter{Client: gh, Scope: dc.GitHub.Scope, Org: dc.GitHub.Org, RunnerGroupID: dc.GitHub.RunnerGroupID}
+	reg := registry()
+	metrics := dispatch.NewMetrics(reg)
+	app := &eventlog.Appender{JS: js, Source: "berth/dispatcher"}
+	d, err := dispatch.New(&eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 500 * time.Millisecond}, app, minter,
+		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts}, MintTimeout: dc.MintTimeout, Logger: logger}, metrics)
+	if err != nil {
+		nc.Close()
+		return nil, "", err
+	}
+	secret := config.Secret(dc.WebhookSecret, dc.WebhookSecretEnv)
+	if secret == "" {
+		nc.Close()
+		return nil, "", fmt.Errorf("dispatcher: no webhook secret: set dispatcher.webhook_secret or webhook_secret_env (GitHub signs every delivery with it)")
+	}
+	mux := httpx.Mux(reg, func() (bool, any) { return loopHealthy(d.Loop) })
+	mux.Handle("POST /webhook", &dispatch.Intake{Secret: []byte(secret), Log: app, Now: time.Now, Logger: logger, Metrics: metrics})
+	addr, err := serve(ctx, s, "dispatcher", dc.Listen, mux)
+	if err != nil {
+		nc.Close()
+		return nil, "", err
+	}
+	s.goRun("dispatcher", func() error {
+		defer nc.Close()
+		return d.Run(ctx)
+	})
+	logger.Info("dispatcher listening", "addr", addr, "github", dc.GitHub.APIURL)
+	return d, addr, nil
+}
+
+// Watchdog starts the watchdog and its HTTP endpoints.
+func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.Logger) (*watchdog.Watchdog, string, error) {
+	nc, js, err := eventlog.Connect(cfg.NATS.URL, "berth-watchdog")
+	if err != nil {
+		return nil, "", err
+	}
+	logger = logger.With("service", "watchdog")
+	wc := cfg.Watchdog
+	w := watchdog.New(js, &eventlog.Appender{JS: js, Source: "berth/watchdog"}, watchdog.Params{
+		ProvisionTimeout: wc.ProvisionTimeout, TeardownTimeout: wc.TeardownTimeout, HostTTL: wc.HostTTL,
+		DemandWaitingAfter: wc.DemandWaitingAfter, DemandWaitingEvery: wc.DemandWaitingEvery, LeakGrace: wc.LeakGrace,
+	}, time.Now, logger)
+	w.Retention = wc.Retention
+	reg := registry()
+	mux := httpx.Mux(reg, func() (bool, any) {
+		ok, detail := loopHealthy(w.Loop)
+		h := w.Health()
+		detail["alarms"] = h.Alarms
+		detail["jobs_waiting_for_slot"] = h.Waiting
+		return ok && len(h.Alarms) == 0, detail
+	})
+	addr, err := serve(ctx, s, "watchdog", wc.Listen, mux)
+	if err != nil {
+		nc.Close()
+		return nil, "", err
+	}
+	s.goRun("watchdog", func() error {
+		defer nc.Close()
+		return w.Run(ctx)
+	})
+	logger.Info("watchdog listening", "addr", addr)
+	return w, addr, nil
+}
+
+// Agent starts one host's vmagent and its HTTP endpoints.
+func Agent(ctx context.Context, s *System, cfg *config.Config, ac config.Agent, logger *slog.Logger) (string, error) {
+	nc, js, err := eventlog.Connect(cfg.NATS.URL, "berth-agent-"+ac.Host)
+	if err != nil {
+		return "", err
+	}
+	logger = logger.With("service", "vmagent")
+	pools := map[string]events.PoolSlots{}
+	for name, p := range ac.Pools {
+		pools[name] = events.PoolSlots{Labels: events.NormalizeLabels(p.Labels), Slots: p.Slots}
+	}
+	be := exec.New(ac.Backend.Exec.Create, ac.Backend.Exec.Stop, ac.Backend.Exec.Env)
+	a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/" + ac.Host}, be, vmagent.Options{
+		Host: ac.Host, Pools: pools, PhysicalCap: ac.PhysicalCap, DataDir: filepath.Join(cfg.DataDir, "agents", ac.Host),
+		CreateTimeout: ac.Backend.Exec.CreateTimeout, StopTimeout: ac.Backend.Exec.StopTimeout, Heartbeat: ac.Heartbeat, Logger: logger,
+	})
+	if err != nil {
+		nc.Close()
+		return "", err
+	}
+	listen := ac.Listen
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	addr, err := serve(ctx, s, "agent "+ac.Host, listen, httpx.Mux(registry(), func() (bool, any) { return loopHealthy(a.Loop) }))
+	if err != nil {
+		nc.Close()
+		return "", err
+	}
+	s.goRun("agent "+ac.Host, func() error {
+		defer nc.Close()
+		return a.Run(ctx)
+	})
+	return addr, nil
+}
+
+// JetStream opens a client connection for tools (status, events).
+func JetStream(url string) (func(), jetstream.JetStream, error) {
+	nc, js, err := eventlog.Connect(url, "berth-cli")
+	if err != nil {
+		return nil, nil, err
+	}
+	return nc.Close, js, nil
+}

@@ -1,0 +1,317 @@
+// Package vmagent is the per-host agent: it advertises the host's pools and
+// physical capacity, takes only its own placements, and runs every backend
+// step off its loop with a deadline (law 3).
+package vmagent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/vmagent/backend"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+)
+
+// HeartbeatBucket is the KV bucket where agents prove they are alive
+// (key: host name; value: Heartbeat JSON). Heartbeats are not facts: they
+// would flood the log.
+const HeartbeatBucket = "berth_heartbeats"
+
+// Heartbeat is one agent's liveness record.
+type Heartbeat struct {
+	Host    string    `json:"host"`
+	Boot    string    `json:"boot"`
+	At      time.Time `json:"at"`
+	LiveVMs int       `json:"live_vms"`
+}
+
+// Options configure an Agent.
+type Options struct {
+	Host          string
+	Pools         map[string]events.PoolSlots
+	PhysicalCap   int
+	DataDir       string // per-attempt work dirs and the curve key live here
+	CreateTimeout time.Duration
+	StopTimeout   time.Duration
+	Heartbeat     time.Duration
+	Now           func() time.Time
+	Logger        *slog.Logger
+}
+
+// Agent is one host's vmagent.
+type Agent struct {
+	Loop    *eventlog.Loop
+	log     *eventlog.Appender
+	js      jetstream.JetStream
+	backend backend.Backend
+	opts    Options
+	curve   nkeys.KeyPair
+	boot    string
+
+	fleet    *events.Fleet
+	creating map[string]bool // attempts whose create step is running
+	stopping map[string]bool // attempts whose stop step is running
+	appended map[string]bool // facts appended, not yet folded
+	wg       sync.WaitGroup
+}
+
+// New builds an agent. The curve key that JIT configs are sealed to is kept
+// in DataDir, so placements sealed before a restart can still be opened.
+func New(js jetstream.JetStream, app *eventlog.Appender, b backend.Backend, opts Options) (*Agent, error) {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	opts.Logger = opts.Logger.With("host", opts.Host)
+	if err := os.MkdirAll(filepath.Join(opts.DataDir, "attempts"), 0o700); err != nil {
+		return nil, fmt.Errorf("agent data dir: %w", err)
+	}
+	kp, err := loadCurve(filepath.Join(opts.DataDir, "curve.seed"))
+	if err != nil {
+		return nil, err
+	}
+	loop := &eventlog.Loop{JS: js, Filters: []string{events.HostAttemptsFilter(opts.Host), events.HostSubject(opts.Host)}}
+	return &Agent{Loop: loop, log: app, js: js, backend: b, opts: opts, curve: kp,
+		boot:  strconv.FormatInt(time.Now().UnixNano(), 36),
+		fleet: events.NewFleet(), creating: map[string]bool{}, stopping: map[string]bool{}, appended: map[string]bool{}}, nil
+}
+
+func loadCurve(path string) (nkeys.KeyPair, error) {
+	if seed, err := os.ReadFile(path); err == nil {
+		kp, err := nkeys.FromCurveSeed(seed)
+		if err != nil {
+			return nil, fmt.Errorf("curve key %s is corrupt: %w (delete it; placements in flight will be retried)", path, err)
+		}
+		return kp, nil
+	}
+	kp, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		return nil, err
+	}
+	seed, _ := kp.Seed()
+	if err := os.WriteFile(path, seed, 0o600); err != nil {
+		return nil, fmt.Errorf("save curve key: %w", err)
+	}
+	return kp, nil
+}
+
+// Run advertises the host, heartbeats, and drives the agent until ctx ends.
+// On return every backend step it started has returned or been abandoned.
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.wg.Wait()
+	pub, _ := a.curve.PublicKey()
+	online := events.HostOnline{Host: a.opts.Host, Boot: a.boot, Pools: a.opts.Pools,
+		PhysicalCap: a.opts.PhysicalCap, CurveKey: pub, Backend: a.backend.Name()}
+	if _, _, err := a.log.Append(ctx, a.log.New(a.opts.Now(), online), nil); err != nil {
+		return fmt.Errorf("announce host %s: %w", a.opts.Host, err)
+	}
+	kv, err := a.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: HeartbeatBucket,
+		Description: "vmagent heartbeats (key: host)", History: 1})
+	if err != nil {
+		return fmt.Errorf("heartbeat bucket: %w", err)
+	}
+	a.wg.Add(1)
+	go a.heartbeat(ctx, kv)
+	a.opts.Logger.Info("agent online", "pools", len(a.opts.Pools), "physical_cap", a.opts.PhysicalCap, "backend", a.backend.Name())
+	return a.Loop.Run(ctx, a)
+}
+
+func (a *Agent) heartbeat(ctx context.Context, kv jetstream.KeyValue) {
+	defer a.wg.Done()
+	every := a.opts.Heartbeat
+	if every == 0 {
+		every = 5 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		hb, _ := json.Marshal(Heartbeat{Host: a.opts.Host, Boot: a.boot, At: a.opts.Now().UTC()})
+		pctx, cancel := context.WithTimeout(ctx, every)
+		if _, err := kv.Put(pctx, a.opts.Host, hb); err != nil && ctx.Err() == nil {
+			a.opts.Logger.Warn("heartbeat not stored", "err", err)
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Apply implements eventlog.Reactor.
+func (a *Agent) Apply(d eventlog.Delivered) {
+	if d.Err != nil {
+		a.opts.Logger.Warn("skipping event", "seq", d.Event.Seq, "err", d.Err)
+		return
+	}
+	a.fleet.Apply(d.Event)
+	delete(a.appended, d.Event.ID)
+}
+
+// Decide implements eventlog.Reactor: start creates for new placements and
+// stops for teardown requests, each at most once at a time per attempt.
+func (a *Agent) Decide(ctx context.Context) {
+	for _, at := range a.fleet.Attempts {
+		if at.Host != a.opts.Host {
+			continue
+		}
+		switch {
+		case at.Placed && !at.Provisioning && !at.TeardownReq && !a.creating[at.ID]:
+			a.startCreate(ctx, at)
+		case at.TeardownReq && !at.Stopped && !at.Abandoned && !a.creating[at.ID] && !a.stopping[at.ID] && !a.stopAppended(at):
+			if !at.Provisioning {
+				// Nothing was created: the teardown is already done.
+				a.append(ctx, events.AttemptStopped{AttemptRef: ref(at)})
+				continue
+			}
+			a.startStop(ctx, at)
+		}
+	}
+}
+
+// stopAppended reports whether this agent already appended the outcome of
+// the attempt's stop and is waiting for the fold to show it.
+func (a *Agent) stopAppended(at *events.Attempt) bool {
+	r := ref(at)
+	return a.appended[events.AttemptStopped{AttemptRef: r}.EventID()] ||
+		a.appended[events.AttemptAbandoned{AttemptRef: r}.EventID()]
+}
+
+func ref(at *events.Attempt) events.AttemptRef {
+	return events.AttemptRef{Attempt: at.ID, Pool: at.Pool, Host: at.Host}
+}
+
+func (a *Agent) append(ctx context.Context, p events.Payload) error {
+	ev := a.log.New(a.opts.Now(), p)
+	if a.appended[ev.ID] {
+		return nil
+	}
+	if _, _, err := a.log.Append(ctx, ev, nil); err != nil {
+		a.opts.Logger.Warn("append failed; will retry", "event", ev.ID, "err", err)
+		return err
+	}
+	a.appended[ev.ID] = true
+	return nil
+}
+
+func (a *Agent) vm(at *events.Attempt) backend.VM {
+	dir := filepath.Join(a.opts.DataDir, "attempts", at.ID)
+	return backend.VM{Attempt: at.ID, Pool: at.Pool, Host: at.Host, Labels: at.Labels, JobID: at.JobID,
+		JITConfigFile: filepath.Join(dir, "jitconfig"), WorkDir: dir}
+}
+
+// startCreate records "provisioning" before calling the backend, so a
+// restarted agent never creates the same attempt twice, then runs create off
+// the loop under its deadline.
+func (a *Agent) startCreate(ctx context.Context, at *events.Attempt) {
+	r := ref(at)
+	if err := a.append(ctx, events.AttemptProvisioning{AttemptRef: r}); err != nil {
+		return
+	}
+	vm := a.vm(at)
+	jit, err := a.curve.Open(at.SealedJIT, at.SealedBy)
+	if err == nil {
+		err = writeJIT(vm, jit)
+	}
+	if err != nil {
+		a.append(ctx, events.AttemptFailed{AttemptRef: r, Step: "open_jit", Error: err.Error()})
+		return
+	}
+	a.creating[at.ID] = true
+	logger := a.opts.Logger.With("attempt", at.ID, "pool", at.Pool, "job", at.JobID)
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		start := time.Now()
+		err := a.step(ctx, a.opts.CreateTimeout, func(c context.Context) error { return a.backend.Create(c, vm) })
+		var result events.Payload = events.AttemptRunnerStarted{AttemptRef: r, Took: time.Since(start)}
+		switch {
+		case ctx.Err() != nil:
+			return // shutting down: the watchdog's deadline covers this attempt
+		case errors.Is(err, context.DeadlineExceeded):
+			logger.Warn("create overran its deadline; abandoned", "after", a.opts.CreateTimeout)
+			result = events.AttemptAbandoned{AttemptRef: r, Step: "create", After: a.opts.CreateTimeout}
+		case err != nil:
+			logger.Warn("create failed", "err", err)
+			result = events.AttemptFailed{AttemptRef: r, Step: "create", Error: err.Error()}
+		default:
+			logger.Info("runner started", "took", time.Since(start).Round(time.Millisecond))
+		}
+		a.Loop.Post(ctx, func() {
+			delete(a.creating, r.Attempt)
+			a.append(ctx, result)
+		})
+	}()
+}
+
+// startStop runs the stop step off the loop under its deadline; overrunning
+// it abandons the VM, which keeps occupying physical capacity (law 3).
+func (a *Agent) startStop(ctx context.Context, at *events.Attempt) {
+	a.stopping[at.ID] = true
+	r, vm := ref(at), a.vm(at)
+	logger := a.opts.Logger.With("attempt", at.ID, "pool", at.Pool)
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		err := a.step(ctx, a.opts.StopTimeout, func(c context.Context) error { return a.backend.Stop(c, vm) })
+		var result events.Payload = events.AttemptStopped{AttemptRef: r}
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, context.DeadlineExceeded):
+			logger.Warn("stop overran its deadline; VM abandoned, it still counts against physical capacity", "after", a.opts.StopTimeout)
+			result = events.AttemptAbandoned{AttemptRef: r, Step: "stop", After: a.opts.StopTimeout}
+		case err != nil:
+			logger.Warn("stop failed; will retry", "err", err)
+			result = nil
+		default:
+			_ = os.RemoveAll(vm.WorkDir)
+			logger.Info("VM stopped")
+		}
+		a.Loop.Post(ctx, func() {
+			delete(a.stopping, r.Attempt)
+			if result != nil {
+				a.append(ctx, result)
+			}
+		})
+	}()
+}
+
+// step runs fn with a deadline. If fn ignores its context and does not
+// return, step returns at the deadline anyway and leaves fn behind: the loop
+// is never held hostage by a backend.
+func (a *Agent) step(ctx context.Context, timeout time.Duration, fn func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- fn(ctx) }()
+	select {
+	case err := <-done:
+		if err != nil && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func writeJIT(vm backend.VM, jit []byte) error {
+	if err := os.MkdirAll(vm.WorkDir, 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(vm.JITConfigFile, jit, 0o600)
+}

@@ -1,0 +1,34 @@
+// Package backend is the one interface through which a vmagent reaches VMs.
+// Deadlines, abandonment and disjoint naming are the agent's business, not
+// the backend's: every call gets a context with a deadline and must return
+// when it ends.
+package backend
+
+import "context"
+
+// VM describes one attempt's VM. Every resource a backend creates must be
+// named or tagged by Attempt, so that a late teardown of one attempt can only
+// touch that attempt (law 4).
+type VM struct {
+	Attempt string
+	Pool    string
+	Host    string
+	Labels  []string
+	JobID   int64 // the job the attempt was booked for (it may run another)
+	// JITConfigFile is the path of a file (mode 0600) holding the encoded
+	// JIT runner configuration, removed by the agent after teardown.
+	JITConfigFile string
+	// WorkDir is a directory owned by this attempt alone.
+	WorkDir string
+}
+
+// Backend creates and stops VMs.
+type Backend interface {
+	// Name is the backend's kind, e.g. "exec".
+	Name() string
+	// Create boots the VM and starts its runner with the JIT config. It
+	// returns when the runner has been started.
+	Create(ctx context.Context, vm VM) error
+	// Stop stops and destroys the VM. A VM that does not exist is stopped.
+	Stop(ctx context.Context, vm VM) error
+}

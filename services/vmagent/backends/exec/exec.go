@@ -1,0 +1,114 @@
+// Package exec is the backend that runs operator-supplied commands for each
+// lifecycle step. It is how Berth drives any host, and how tests inject
+// faults (a stop that sleeps forever, a create that fails).
+//
+// Contract: each step runs its command with these environment variables,
+// plus the configured extras:
+//
+//	BERTH_STEP             create | stop
+//	BERTH_ATTEMPT          attempt id (also the runner and VM name)
+//	BERTH_POOL, BERTH_HOST pool and host names
+//	BERTH_LABELS           runner labels, comma-separated
+//	BERTH_JOB_ID           the GitHub job the attempt was booked for
+//	BERTH_JIT_CONFIG_FILE  path of a 0600 file holding the encoded JIT config
+//	BERTH_WORK_DIR         a directory owned by this attempt alone
+//
+// Exit 0 is success; anything else is a failure whose last output lines are
+// reported. When the step's deadline passes, its whole process group is
+// killed, so a command must not leave children in its group that should
+// outlive the step (start a runner with setsid, as deploy/exec/ does).
+package exec
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	osexec "os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/berth-ci/berth/services/vmagent/backend"
+)
+
+// Backend runs Create and Stop commands.
+type Backend struct {
+	CreateCmd []string
+	StopCmd   []string
+	Env       map[string]string
+}
+
+// New returns an exec backend; create and stop are argv slices.
+func New(create, stop []string, env map[string]string) *Backend {
+	return &Backend{CreateCmd: create, StopCmd: stop, Env: env}
+}
+
+// Name implements backend.Backend.
+func (b *Backend) Name() string { return "exec" }
+
+// Create implements backend.Backend.
+func (b *Backend) Create(ctx context.Context, vm backend.VM) error {
+	return b.run(ctx, "create", b.CreateCmd, vm)
+}
+
+// Stop implements backend.Backend.
+func (b *Backend) Stop(ctx context.Context, vm backend.VM) error {
+	return b.run(ctx, "stop", b.StopCmd, vm)
+}
+
+func (b *Backend) run(ctx context.Context, step string, argv []string, vm backend.VM) error {
+	if len(argv) == 0 {
+		return fmt.Errorf("exec backend: no %s command configured", step)
+	}
+	cmd := osexec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(),
+		"BERTH_STEP="+step,
+		"BERTH_ATTEMPT="+vm.Attempt,
+		"BERTH_POOL="+vm.Pool,
+		"BERTH_HOST="+vm.Host,
+		"BERTH_LABELS="+strings.Join(vm.Labels, ","),
+		"BERTH_JOB_ID="+strconv.FormatInt(vm.JobID, 10),
+		"BERTH_JIT_CONFIG_FILE="+vm.JITConfigFile,
+		"BERTH_WORK_DIR="+vm.WorkDir,
+	)
+	for k, v := range b.Env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	if st, err := os.Stat(vm.WorkDir); err == nil && st.IsDir() {
+		cmd.Dir = vm.WorkDir // a stop after the dir is gone still runs, from the agent's dir
+	}
+	var out tail
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 2 * time.Second
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		return fmt.Errorf("%s step for %s: %w", step, vm.Attempt, ctx.Err())
+	}
+	if err != nil {
+		var exit *osexec.ExitError
+		if errors.As(err, &exit) {
+			return fmt.Errorf("%s step for %s exited %d: %s", step, vm.Attempt, exit.ExitCode(), out.String())
+		}
+		return fmt.Errorf("%s step for %s: %w", step, vm.Attempt, err)
+	}
+	return nil
+}
+
+// tail keeps the last 2 KiB a step printed, for its error message.
+type tail struct{ b bytes.Buffer }
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.b.Write(p)
+	if t.b.Len() > 2048 {
+		rest := t.b.Bytes()[t.b.Len()-2048:]
+		t.b = *bytes.NewBuffer(append([]byte(nil), rest...))
+	}
+	return len(p), nil
+}
+
+func (t *tail) String() string { return strings.TrimSpace(t.b.String()) }

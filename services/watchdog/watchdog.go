@@ -1,0 +1,191 @@
+package watchdog
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// HeartbeatBucket mirrors vmagent.HeartbeatBucket (the watchdog must not
+// import the agent).
+const HeartbeatBucket = "berth_heartbeats"
+
+// Watchdog is the act shell around Decide.
+type Watchdog struct {
+	Loop   *eventlog.Loop
+	log    *eventlog.Appender
+	js     jetstream.JetStream
+	params Params
+	now    func() time.Time
+	logger *slog.Logger
+	// Retention bounds how long terminal records stay in the fold (law 5).
+	Retention time.Duration
+
+	fleet      *events.Fleet
+	heartbeats map[string]time.Time
+	pending    map[string]time.Time
+	mu         sync.Mutex
+	health     Health
+	wg         sync.WaitGroup
+}
+
+// Health is what /healthz reports for the watchdog.
+type Health struct {
+	Alarms   []events.AlarmView `json:"alarms"`
+	Waiting  int                `json:"jobs_waiting_for_slot"`
+	CaughtUp bool               `json:"caught_up"`
+}
+
+// New builds a watchdog.
+func New(js jetstream.JetStream, app *eventlog.Appender, p Params, now func() time.Time, logger *slog.Logger) *Watchdog {
+	if now == nil {
+		now = time.Now
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Watchdog{Loop: &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}}, log: app, js: js, params: p,
+		now: now, logger: logger, fleet: events.NewFleet(), heartbeats: map[string]time.Time{}, pending: map[string]time.Time{}}
+}
+
+// Run drives the watchdog until ctx ends.
+func (w *Watchdog) Run(ctx context.Context) error {
+	defer w.wg.Wait()
+	kv, err := w.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: HeartbeatBucket,
+		Description: "vmagent heartbeats (key: host)", History: 1})
+	if err != nil {
+		return err
+	}
+	watcher, err := kv.WatchAll(ctx)
+	if err != nil {
+		return err
+	}
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		defer watcher.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok := <-watcher.Updates():
+				if !ok {
+					return
+				}
+				if e == nil || e.Operation() != jetstream.KeyValuePut {
+					continue
+				}
+				var hb struct {
+					At time.Time `json:"at"`
+				}
+				if json.Unmarshal(e.Value(), &hb) != nil {
+					continue
+				}
+				host := e.Key()
+				w.Loop.Post(ctx, func() { w.heartbeats[host] = hb.At })
+			}
+		}
+	}()
+	return w.Loop.Run(ctx, w)
+}
+
+// Apply implements eventlog.Reactor.
+func (w *Watchdog) Apply(d eventlog.Delivered) {
+	if d.Err != nil {
+		w.logger.Warn("skipping event", "seq", d.Event.Seq, "err", d.Err)
+		return
+	}
+	w.fleet.Apply(d.Event)
+	delete(w.pending, d.Event.ID)
+}
+
+// Decide implements eventlog.Reactor.
+func (w *Watchdog) Decide(ctx context.Context) {
+	now := w.now()
+	plan := Decide(w.fleet, now, w.heartbeats, w.params)
+	conflicted := map[string]bool{}
+	for _, r := range plan.Release {
+		if conflicted[r.Pool] {
+			continue
+		}
+		w.logger.Warn("releasing slot", "attempt", r.Attempt, "pool", r.Pool, "host", r.Host, "reason", r.Reason)
+		var expect uint64
+		if p := w.fleet.Pools[r.Pool]; p != nil {
+			expect = p.LastSeq
+		}
+		if err := w.append(ctx, now, r, &expect); errors.Is(err, eventlog.ErrConflict) {
+			conflicted[r.Pool] = true
+		}
+	}
+	for _, p := range plan.Teardown {
+		w.append(ctx, now, p, nil)
+	}
+	for _, p := range plan.Abandon {
+		w.logger.Warn("teardown overran its deadline; VM abandoned", "attempt", p.Attempt, "host", p.Host, "after", p.After)
+		w.append(ctx, now, p, nil)
+	}
+	for _, p := range plan.Lost {
+		w.logger.Warn("host lost", "host", p.Host, "reason", p.Reason)
+		w.append(ctx, now, p, nil)
+	}
+	for _, p := range plan.Demand {
+		w.logger.Warn("demand waiting for a slot", "pool", p.Pool, "jobs", p.Jobs, "oldest_job", p.OldestJobID,
+			"waited", p.Waited.Round(time.Second), "reason", p.Reason)
+		w.append(ctx, now, p, nil)
+	}
+	for _, p := range plan.Raise {
+		w.logger.Error("alarm", "key", p.Key, "pool", p.Pool, "message", p.Message)
+		w.append(ctx, now, p, nil)
+	}
+	for _, p := range plan.Clear {
+		w.append(ctx, now, p, nil)
+	}
+	if w.Retention > 0 {
+		w.fleet.Compact(now, w.Retention)
+	}
+	st := w.fleet.Status()
+	waiting := 0
+	for _, p := range st.Pools {
+		waiting += p.WaitingForSlot
+	}
+	w.mu.Lock()
+	w.health = Health{Alarms: st.Alarms, Waiting: waiting, CaughtUp: w.Loop.CaughtUp()}
+	w.mu.Unlock()
+}
+
+// Health returns the latest health view (safe from any goroutine).
+func (w *Watchdog) Health() Health {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.health
+}
+
+func (w *Watchdog) append(ctx context.Context, now time.Time, p events.Payload, expect *uint64) error {
+	ev := w.log.New(now, p)
+	if at, ok := w.pending[ev.ID]; ok && now.Sub(at) < 10*time.Second {
+		return nil
+	}
+	seq, _, err := w.log.Append(ctx, ev, expect)
+	if err != nil {
+		if !errors.Is(err, eventlog.ErrConflict) {
+			w.logger.Warn("append failed; will retry", "event", ev.ID, "err", err)
+		}
+		return err
+	}
+	w.pending[ev.ID] = now
+	if expect != nil {
+		if r, ok := p.(events.SlotReleased); ok {
+			if pl := w.fleet.Pools[r.Pool]; pl != nil && seq > pl.LastSeq {
+				pl.LastSeq = seq
+			}
+		}
+	}
+	return nil
+}

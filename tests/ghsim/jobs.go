@@ -1,0 +1,256 @@
+package ghsim
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Job statuses and conclusions, as in GitHub's workflow_job payloads.
+const (
+	StatusQueued     = "queued"
+	StatusInProgress = "in_progress"
+	StatusCompleted  = "completed"
+
+	ConclusionSuccess   = "success"
+	ConclusionFailure   = "failure"
+	ConclusionCancelled = "cancelled"
+)
+
+// defaultRunnerGroupID is GitHub's "Default" runner group.
+const defaultRunnerGroupID = 1
+
+// JobSpec describes a workflow job to queue, like a workflow run whose single job
+// has `runs-on: Labels`.
+type JobSpec struct {
+	// Labels are the job's runs-on labels, e.g. ["self-hosted","linux"]. A runner
+	// may take the job only if it has every label (case-insensitive).
+	Labels []string
+	// Duration is how long the runner "runs" the job before completing it.
+	Duration time.Duration
+	// Conclusion is the job's result: "success" (default) or "failure".
+	Conclusion string
+	// Name is the job name (workflow_job.name); default "build".
+	Name string
+}
+
+// JobView is a snapshot of one job.
+type JobView struct {
+	ID, RunID  int64
+	Name       string
+	Labels     []string
+	Status     string // "queued", "in_progress" or "completed"
+	Conclusion string // "" until completed; then "success", "failure" or "cancelled"
+	RunnerID   int64  // 0 until assigned
+	RunnerName string // "" until assigned
+	QueuedAt   time.Time
+	StartedAt  time.Time // zero until a runner took the job
+	// CompletedAt is zero until the job completed or was cancelled.
+	CompletedAt time.Time
+	// Completions counts the "completed" webhooks produced for the job (not
+	// counting Redeliver); more than 1 would be a simulator bug.
+	Completions int
+}
+
+// RunnerView is a snapshot of one registered (not yet deleted) runner.
+type RunnerView struct {
+	ID     int64
+	Name   string
+	Labels []string
+	// Scope is "org" or "repo": which generate-jitconfig endpoint created it and
+	// therefore which list/get/delete endpoints see it, as on GitHub.
+	Scope  string
+	Status string // "online" while it polls for or runs a job, else "offline"
+	Busy   bool   // true while it runs a job
+	JobID  int64  // job it was handed, 0 if none
+}
+
+type job struct {
+	id, runID       int64
+	name            string
+	labels          []string
+	duration        time.Duration
+	want            string // conclusion requested by JobSpec
+	status          string
+	conclusion      string
+	runnerID        int64
+	runnerName      string
+	runnerGroupID   int64
+	runnerGroupName string
+	queuedAt        time.Time
+	startedAt       time.Time
+	completedAt     time.Time
+	completions     int
+}
+
+type runner struct {
+	id         int64
+	name       string
+	labels     []string
+	groupID    int64
+	workFolder string
+	scope      string
+	token      string
+	polling    int   // in-flight acquire requests
+	jobID      int64 // job handed to this runner
+	deleted    bool  // removed through DELETE or after its job
+}
+
+func (r *runner) online() bool { return !r.deleted && (r.polling > 0 || r.jobID != 0) }
+func (r *runner) busy() bool   { return !r.deleted && r.jobID != 0 }
+
+// Enqueue creates a queued job with a fresh job id and a fresh run id (one run per
+// job), queues a workflow_job "queued" webhook and wakes waiting runners. It never
+// blocks on HTTP. It returns the job id.
+func (s *Sim) Enqueue(spec JobSpec) int64 {
+	want := spec.Conclusion
+	if want != ConclusionFailure {
+		want = ConclusionSuccess
+	}
+	name := spec.Name
+	if name == "" {
+		name = "build"
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nextJobID++
+	s.nextRunID++
+	j := &job{
+		id: s.nextJobID, runID: s.nextRunID, name: name,
+		labels: slices.Clone(spec.Labels), duration: spec.Duration, want: want,
+		status: StatusQueued, queuedAt: time.Now().UTC(),
+	}
+	s.jobs = append(s.jobs, j)
+	s.jobByID[j.id] = j
+	s.emitJobLocked("queued", j)
+	s.notifyLocked()
+	s.log.Info("job queued", "job_id", j.id, "run_id", j.runID, "labels", j.labels)
+	return j.id
+}
+
+// Cancel cancels a job that is still queued and unassigned, as when a workflow
+// run is cancelled before any runner picked the job: the job becomes completed /
+// cancelled and a "completed" webhook is queued with conclusion "cancelled",
+// runner_id 0 and runner_name "" (like the fixture
+// workflow_job.completed.cancelled.self-hosted-arm64.partial.json). It returns
+// false for unknown, assigned or finished jobs.
+func (s *Sim) Cancel(jobID int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	j := s.jobByID[jobID]
+	if j == nil || j.status != StatusQueued || j.runnerID != 0 {
+		return false
+	}
+	now := time.Now().UTC()
+	j.status, j.conclusion = StatusCompleted, ConclusionCancelled
+	j.startedAt, j.completedAt = now, now
+	j.completions++
+	s.emitJobLocked("completed", j)
+	s.notifyLocked()
+	s.log.Info("job cancelled", "job_id", j.id)
+	return true
+}
+
+// Jobs returns a snapshot of all jobs in enqueue order.
+func (s *Sim) Jobs() []JobView {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]JobView, 0, len(s.jobs))
+	for _, j := range s.jobs {
+		out = append(out, JobView{
+			ID: j.id, RunID: j.runID, Name: j.name, Labels: slices.Clone(j.labels),
+			Status: j.status, Conclusion: j.conclusion,
+			RunnerID: j.runnerID, RunnerName: j.runnerName,
+			QueuedAt: j.queuedAt, StartedAt: j.startedAt, CompletedAt: j.completedAt,
+			Completions: j.completions,
+		})
+	}
+	return out
+}
+
+// Runners returns a snapshot of the registered runners (JIT-configured and not
+// yet deleted), ordered by id.
+func (s *Sim) Runners() []RunnerView {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]RunnerView, 0, len(s.runners))
+	for _, r := range s.sortedRunnersLocked("") {
+		out = append(out, s.runnerViewLocked(r))
+	}
+	return out
+}
+
+func (s *Sim) runnerViewLocked(r *runner) RunnerView {
+	st := "offline"
+	if r.online() {
+		st = "online"
+	}
+	return RunnerView{ID: r.id, Name: r.name, Labels: slices.Clone(r.labels), Scope: r.scope,
+		Status: st, Busy: r.busy(), JobID: r.jobID}
+}
+
+// sortedRunnersLocked returns registered runners of the given scope ("" = all) by id.
+func (s *Sim) sortedRunnersLocked(scope string) []*runner {
+	out := make([]*runner, 0, len(s.runners))
+	for _, r := range s.runners {
+		if scope == "" || r.scope == scope {
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b *runner) int { return cmp.Compare(a.id, b.id) })
+	return out
+}
+
+// labelsMatch reports whether every job label is among the runner labels,
+// ignoring case, which is how GitHub routes jobs to self-hosted runners.
+func labelsMatch(jobLabels, runnerLabels []string) bool {
+	for _, jl := range jobLabels {
+		if !slices.ContainsFunc(runnerLabels, func(rl string) bool { return strings.EqualFold(jl, rl) }) {
+			return false
+		}
+	}
+	return true
+}
+
+// pickJobLocked returns the oldest queued, unassigned job the runner can take.
+func (s *Sim) pickJobLocked(r *runner) *job {
+	for _, j := range s.jobs {
+		if j.status == StatusQueued && j.runnerID == 0 && labelsMatch(j.labels, r.labels) {
+			return j
+		}
+	}
+	return nil
+}
+
+// assignLocked hands job j to runner r and queues the "in_progress" webhook.
+func (s *Sim) assignLocked(r *runner, j *job) {
+	j.status = StatusInProgress
+	j.startedAt = time.Now().UTC()
+	j.runnerID, j.runnerName = r.id, r.name
+	j.runnerGroupID, j.runnerGroupName = r.groupID, runnerGroupName(r.groupID)
+	r.jobID = j.id
+	s.emitJobLocked("in_progress", j)
+	s.notifyLocked()
+	s.log.Info("job assigned", "job_id", j.id, "runner", r.name, "runner_id", r.id)
+}
+
+// completeLocked finishes runner r's job with the conclusion, queues the
+// "completed" webhook and deletes the ephemeral runner, as GitHub does.
+func (s *Sim) completeLocked(r *runner, j *job, conclusion string) {
+	j.status, j.conclusion = StatusCompleted, conclusion
+	j.completedAt = time.Now().UTC()
+	j.completions++
+	s.emitJobLocked("completed", j)
+	r.deleted = true
+	delete(s.runners, r.id)
+	s.notifyLocked()
+	s.log.Info("job completed", "job_id", j.id, "runner", r.name, "conclusion", conclusion)
+}
+
+func runnerGroupName(id int64) string {
+	if id == defaultRunnerGroupID {
+		return "Default"
+	}
+	return "group-" + itoa(id)
+}

@@ -1,0 +1,260 @@
+// Package ghsim is an in-process GitHub simulator for Berth's end-to-end tests.
+//
+// It mimics the parts of GitHub that an ephemeral-runner fleet manager touches:
+//
+//   - the REST API (JIT runner configs, runner list/get/delete, workflow jobs and
+//     runs, installation tokens, rate limit), with bodies shaped from the real
+//     fixtures in shared/fixtures/github/api and GitHub's X-RateLimit-* headers;
+//   - workflow_job webhooks (queued, in_progress, completed) built from the real
+//     fixture payloads in shared/fixtures/github/webhooks and signed with
+//     X-Hub-Signature-256, delivered asynchronously and in order, never retried;
+//   - a small sim-only runner protocol (/_sim/runner/...) through which a JIT runner
+//     (see RunRunner and the ghsim binary) connects, is handed any queued job whose
+//     labels it satisfies, "runs" it and reports completion.
+//
+// A Sim must be released with Close, which stops the HTTP server and the webhook
+// sender and waits for their goroutines.
+package ghsim
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// DefaultAcquireTimeout is how long POST /_sim/runner/acquire long-polls before
+// answering 204 No Content, like the real runner's 50 s message long-poll.
+const DefaultAcquireTimeout = 50 * time.Second
+
+// webhookTimeout is GitHub's delivery timeout: a hook that does not answer within
+// 10 s is recorded as failed.
+const webhookTimeout = 10 * time.Second
+
+// Config configures a Sim.
+type Config struct {
+	// WebhookURL is where workflow_job webhooks are POSTed, e.g.
+	// http://127.0.0.1:8080/webhook. Empty disables delivery (deliveries are still
+	// recorded, with Err set).
+	WebhookURL string
+	// WebhookSecret is the HMAC-SHA256 key for the X-Hub-Signature-256 header.
+	WebhookSecret string
+	// Org and Repo name the only organization and repository the sim knows, e.g.
+	// "example-org" and "example-repo". REST paths naming another owner 404, and
+	// webhook payloads carry these names.
+	Org, Repo string
+	// FixturesDir is the path to shared/fixtures/github (the directory holding
+	// api/ and webhooks/). Required.
+	FixturesDir string
+	// Logger receives debug/info logs; nil discards them.
+	Logger *slog.Logger
+	// AcquireTimeout overrides DefaultAcquireTimeout for the runner long-poll
+	// (useful in tests). Zero means DefaultAcquireTimeout.
+	AcquireTimeout time.Duration
+}
+
+// Sim is a simulated GitHub. All methods are safe for concurrent use.
+type Sim struct {
+	cfg        Config
+	log        *slog.Logger
+	fx         *fixtures
+	hookID     int64
+	acquireTTL time.Duration
+	handler    http.Handler
+	hookClient *http.Client
+	sendCtx    context.Context
+	cancelSend context.CancelFunc
+	wg         sync.WaitGroup
+	wake       chan struct{} // cap 1: new webhook queued
+	stop       chan struct{} // closed by Close
+
+	mu         sync.Mutex
+	baseURL    string
+	srv        *http.Server
+	closed     bool
+	jobs       []*job // in enqueue (FIFO) order
+	jobByID    map[int64]*job
+	runners    map[int64]*runner // registered runners only
+	tokens     map[string]*runner
+	labelIDs   map[string]int64
+	nextJobID  int64
+	nextRunID  int64
+	nextRunner int64
+	changed    chan struct{} // closed and replaced on every job/runner change
+	deliveries []*delivery
+	outbox     []*delivery
+	apiCalls   map[string]int
+	rlUsed     int
+	rlReset    time.Time
+}
+
+// New loads and parses the fixtures once and starts the webhook sender goroutine.
+// It returns an error if Org, Repo or FixturesDir is empty or a fixture is missing
+// or malformed. The returned Sim does not listen until Start; its Handler can also
+// be mounted on any server (e.g. httptest.NewServer).
+func New(cfg Config) (*Sim, error) {
+	if cfg.Org == "" || cfg.Repo == "" {
+		return nil, errors.New("ghsim: Config.Org and Config.Repo are required")
+	}
+	fx, err := loadFixtures(cfg.FixturesDir)
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ttl := cfg.AcquireTimeout
+	if ttl <= 0 {
+		ttl = DefaultAcquireTimeout
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Sim{
+		cfg:        cfg,
+		log:        log.With("component", "ghsim"),
+		fx:         fx,
+		hookID:     400000000 + randInt63()%100000000,
+		acquireTTL: ttl,
+		hookClient: &http.Client{Transport: &http.Transport{}},
+		sendCtx:    ctx,
+		cancelSend: cancel,
+		wake:       make(chan struct{}, 1),
+		stop:       make(chan struct{}),
+		jobByID:    map[int64]*job{},
+		runners:    map[int64]*runner{},
+		tokens:     map[string]*runner{},
+		labelIDs:   map[string]int64{},
+		nextJobID:  20000000000 + randInt63()%1000000*1000,
+		nextRunID:  7000000000 + randInt63()%1000000*1000,
+		nextRunner: 100,
+		changed:    make(chan struct{}),
+		apiCalls:   map[string]int{},
+		rlReset:    time.Now().Add(time.Hour),
+	}
+	s.handler = s.routes()
+	s.wg.Add(1)
+	go s.sendLoop()
+	return s, nil
+}
+
+// Handler returns the http.Handler serving GitHub's REST routes and the sim-only
+// runner protocol under /_sim/runner/. When the handler is mounted on a foreign
+// server (no Start), the sim derives its base URL from each request's Host.
+func (s *Sim) Handler() http.Handler { return s.handler }
+
+// Start listens on addr (e.g. "127.0.0.1:0") and serves Handler in a goroutine.
+// It returns the base URL, e.g. "http://127.0.0.1:PORT", without a trailing slash
+// and without GitHub Enterprise's /api/v3 prefix. Start may be called once.
+func (s *Sim) Start(addr string) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return "", errors.New("ghsim: Start after Close")
+	}
+	if s.srv != nil {
+		return "", errors.New("ghsim: already started")
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("ghsim: listen %s: %w", addr, err)
+	}
+	s.baseURL = "http://" + ln.Addr().String()
+	s.srv = &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second}
+	srv := s.srv
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("serve failed", "err", err)
+		}
+	}()
+	s.log.Info("listening", "url", s.baseURL)
+	return s.baseURL, nil
+}
+
+// URL returns the base URL from Start, or "" if the sim was not started.
+func (s *Sim) URL() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.baseURL
+}
+
+// Close releases pending runner long-polls (they get 503), shuts the HTTP server
+// down, aborts an in-flight webhook, records still-queued deliveries as not sent
+// (Err "sim closed") and waits for all goroutines. Close is idempotent.
+func (s *Sim) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.stop)
+	srv := s.srv
+	s.mu.Unlock()
+
+	var err error
+	if srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = srv.Shutdown(ctx)
+		cancel()
+		if err != nil {
+			_ = srv.Close()
+		}
+	}
+	s.cancelSend()
+	s.wg.Wait()
+	s.hookClient.CloseIdleConnections()
+	return err
+}
+
+// baseURLFor returns the sim's base URL, falling back to the request's Host when
+// the handler is served by a foreign server.
+func (s *Sim) baseURLFor(r *http.Request) string {
+	s.mu.Lock()
+	u := s.baseURL
+	s.mu.Unlock()
+	if u != "" || r == nil {
+		return u
+	}
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	return scheme + "://" + r.Host
+}
+
+// notifyLocked wakes every runner long-poll; callers hold s.mu.
+func (s *Sim) notifyLocked() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// randInt63 returns a non-negative random int64 from crypto/rand.
+func randInt63() int64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return int64(binary.BigEndian.Uint64(b[:]) >> 1)
+}
+
+// randHex returns n random bytes hex-encoded.
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%x", b)
+}
+
+// newUUID returns a random (version 4) UUID string, the format of X-GitHub-Delivery.
+func newUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}

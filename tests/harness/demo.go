@@ -1,0 +1,269 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/tests/ghsim"
+)
+
+// Report is the outcome of a run.
+type Report struct {
+	Jobs         int
+	Served       int // completed exactly once, by one of Berth's runners
+	Failed       int // not completed, completed twice, or by a runner not ours
+	Conclusions  map[string]int
+	QueueToStart []time.Duration // queued → a runner took it, per served job
+	SlotsHeld    int
+	VMsAlive     int // live VMs in the fold plus attempt dirs left on the agents
+	Attempts     int
+	Events       uint64
+	ReplayEqual  bool   // a fresh replay of the log equals the live dispatcher's projection
+	ReplayDiff   string // when not equal
+	Violations   []events.Violation
+	Elapsed      time.Duration
+	NATSURL      string
+}
+
+// OK is the demo's verdict: every job served once, nothing left held or alive.
+func (r Report) OK() bool {
+	return r.Served == r.Jobs && r.Failed == 0 && r.SlotsHeld == 0 && r.VMsAlive == 0 && r.ReplayEqual && len(r.Violations) == 0
+}
+
+// Percentile returns the p-th percentile (0..100) of ds.
+func Percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(float64(len(s)-1) * p / 100)
+	return s[i]
+}
+
+// Run starts a fleet, feeds it the job plan, waits until every job is done
+// and every slot and VM is back (or the timeout), and reports.
+func Run(ctx context.Context, o Options) (Report, error) {
+	start := time.Now()
+	f, err := Start(ctx, o)
+	if err != nil {
+		return Report{}, err
+	}
+	rep, runErr := f.Drive(ctx, o)
+	stopErr := f.Stop()
+	rep.Elapsed = time.Since(start)
+	if runErr != nil {
+		return rep, runErr
+	}
+	return rep, stopErr
+}
+
+// Drive enqueues the plan and waits for the fleet to settle.
+func (f *Fleet) Drive(ctx context.Context, o Options) (Report, error) {
+	plan := JobPlan(o)
+	rep := Report{Jobs: len(plan), NATSURL: f.Sys.NATSURL, Conclusions: map[string]int{}}
+	deadline := time.Now().Add(o.Timeout)
+	gap := time.Duration(0)
+	if len(plan) > 1 {
+		gap = o.Arrival / time.Duration(len(plan))
+	}
+	next := time.Now()
+	enqueued := 0
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	lastPrint := time.Time{}
+	for {
+		for enqueued < len(plan) && !time.Now().Before(next) {
+			f.Sim.Enqueue(plan[enqueued])
+			enqueued++
+			next = next.Add(gap)
+		}
+		st, err := f.Status(ctx)
+		if err != nil {
+			return rep, err
+		}
+		jobs := f.Sim.Jobs()
+		done := enqueued == len(plan) && allCompleted(jobs) && settled(st)
+		if o.Progress != nil && (done || time.Since(lastPrint) >= time.Second) {
+			lastPrint = time.Now()
+			fmt.Fprintln(o.Progress, progressLine(jobs, len(plan), st))
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(os.Stderr, "timed out after %s waiting for the fleet to settle; status follows\n", o.Timeout)
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return rep, ctx.Err()
+		case <-tick.C:
+		}
+	}
+	return f.report(ctx, rep)
+}
+
+func allCompleted(jobs []ghsim.JobView) bool {
+	for _, j := range jobs {
+		if j.Status != "completed" {
+			return false
+		}
+	}
+	return true
+}
+
+// settled: no slot held, no VM alive, no job waiting in the projection.
+func settled(st events.Status) bool {
+	for _, p := range st.Pools {
+		if p.Held > 0 || p.PendingDemand > 0 {
+			return false
+		}
+	}
+	for _, h := range st.Hosts {
+		if h.LiveVMs > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func progressLine(jobs []ghsim.JobView, total int, st events.Status) string {
+	var queued, running, done int
+	for _, j := range jobs {
+		switch j.Status {
+		case "queued":
+			queued++
+		case "in_progress":
+			running++
+		case "completed":
+			done++
+		}
+	}
+	var pools []string
+	for _, p := range st.Pools {
+		pools = append(pools, fmt.Sprintf("%s %d/%d", p.Name, p.Held, p.Capacity))
+	}
+	vms := 0
+	for _, h := range st.Hosts {
+		vms += h.LiveVMs
+	}
+	return fmt.Sprintf("[%s] queued %3d  running %3d  done %3d/%d  slots held: %s  VMs alive %d",
+		time.Now().Format("15:04:05"), queued, running, done, total, strings.Join(pools, ", "), vms)
+}
+
+func (f *Fleet) report(ctx context.Context, rep Report) (Report, error) {
+	var live *events.Fleet
+	var liveStatus events.Status
+	err := f.Sys.Dispatcher.Snapshot(ctx, func(fl *events.Fleet) {
+		liveStatus = fl.Status()
+		live = fl
+		rep.Attempts = len(fl.Attempts)
+		rep.Events = fl.LastSeq
+		rep.Violations = fl.Check()
+	})
+	if err != nil {
+		return rep, err
+	}
+	_ = live
+	for _, j := range f.Sim.Jobs() {
+		ours := strings.HasPrefix(j.RunnerName, "berth-")
+		if j.Status == "completed" && j.Completions == 1 && ours {
+			rep.Served++
+			rep.Conclusions[j.Conclusion]++
+			rep.QueueToStart = append(rep.QueueToStart, j.StartedAt.Sub(j.QueuedAt))
+		} else {
+			rep.Failed++
+		}
+	}
+	for _, p := range liveStatus.Pools {
+		rep.SlotsHeld += p.Held
+	}
+	for _, h := range liveStatus.Hosts {
+		rep.VMsAlive += h.LiveVMs
+		dirs, _ := os.ReadDir(filepath.Join(f.Config.DataDir, "agents", h.Name, "attempts"))
+		rep.VMsAlive += len(dirs)
+	}
+	rep.ReplayEqual, rep.ReplayDiff, err = f.ReplayEquals(ctx)
+	return rep, err
+}
+
+// ReplayEquals rebuilds the projection from the log, as a restarted
+// dispatcher would, and compares its status with the live dispatcher's.
+func (f *Fleet) ReplayEquals(ctx context.Context) (bool, string, error) {
+	closeNC, js, err := eventlog.Connect(f.Sys.NATSURL, "berth-replay-check")
+	if err != nil {
+		return false, "", err
+	}
+	defer closeNC.Close()
+	// Wait for the live fold to reach the end of the log first.
+	var last uint64
+	if last, err = eventlog.LastSeq(ctx, js); err != nil {
+		return false, "", err
+	}
+	var live events.Status
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var seq uint64
+		if err := f.Sys.Dispatcher.Snapshot(ctx, func(fl *events.Fleet) { seq, live = fl.LastSeq, fl.Status() }); err != nil {
+			return false, "", err
+		}
+		if seq >= last {
+			break
+		}
+		if time.Now().After(deadline) {
+			return false, "", fmt.Errorf("live dispatcher stuck at seq %d of %d", seq, last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	replayed, err := eventlog.Replay(ctx, js, nil)
+	if err != nil {
+		return false, "", err
+	}
+	fresh := replayed.Status()
+	if fresh.AsOfSeq != live.AsOfSeq {
+		// The log grew after we read it; compare up to the same point only
+		// when it did not.
+		return false, fmt.Sprintf("replay at seq %d, live at %d", fresh.AsOfSeq, live.AsOfSeq), nil
+	}
+	if !reflect.DeepEqual(fresh, live) {
+		return false, fmt.Sprintf("replayed %+v\nlive %+v", fresh, live), nil
+	}
+	return true, "", nil
+}
+
+// PrintSummary writes the demo's closing summary.
+func PrintSummary(w io.Writer, r Report) {
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "=== Berth demo summary ===")
+	fmt.Fprintf(w, "jobs served:            %d of %d (conclusions: %v)\n", r.Served, r.Jobs, r.Conclusions)
+	fmt.Fprintf(w, "jobs failed:            %d\n", r.Failed)
+	fmt.Fprintf(w, "queued → runner online: p50 %s, p99 %s\n", Percentile(r.QueueToStart, 50).Round(time.Millisecond), Percentile(r.QueueToStart, 99).Round(time.Millisecond))
+	fmt.Fprintf(w, "slots held at the end:  %d\n", r.SlotsHeld)
+	fmt.Fprintf(w, "VMs alive at the end:   %d\n", r.VMsAlive)
+	fmt.Fprintf(w, "attempts:               %d; events in the log: %d\n", r.Attempts, r.Events)
+	fmt.Fprintf(w, "replay equals live:     %v %s\n", r.ReplayEqual, r.ReplayDiff)
+	if len(r.Violations) > 0 {
+		fmt.Fprintf(w, "invariant violations:   %v\n", r.Violations)
+	}
+	fmt.Fprintf(w, "elapsed:                %s\n", r.Elapsed.Round(100*time.Millisecond))
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Read the log with the nats CLI while a fleet runs (berth dev keeps NATS on 127.0.0.1:4222):")
+	fmt.Fprintf(w, "  nats --server %s stream info BERTH_EVENTS\n", r.NATSURL)
+	fmt.Fprintf(w, "  nats --server %s stream subjects BERTH_EVENTS 'berth.evt.pool.>'\n", r.NATSURL)
+	fmt.Fprintf(w, "  nats --server %s stream view BERTH_EVENTS --subject 'berth.evt.job.>'\n", r.NATSURL)
+	fmt.Fprintf(w, "  berth --nats %s status\n", r.NATSURL)
+	if r.OK() {
+		fmt.Fprintln(w, "RESULT: OK")
+	} else {
+		fmt.Fprintln(w, "RESULT: FAILED (jobs not served, or slots/VMs left): rerun with --log-level debug and read `berth events`")
+	}
+}

@@ -82,7 +82,7 @@ func (f *Fleet) Apply(e Event) {
 		})
 	case *HostOnline:
 		h := f.host(d.Host)
-		if s := stampOf(e); true || s.after(h.online) {
+		if s := stampOf(e); s.after(h.online) {
 			h.online = s
 			h.Boot, h.PhysicalCap, h.CurveKey, h.Backend = d.Boot, d.PhysicalCap, d.CurveKey, d.Backend
 			h.Pools = map[string]PoolSlots{}
@@ -212,7 +212,10 @@ func (f *Fleet) Compact(now time.Time, retention time.Duration) (jobs, attempts 
 	}
 	for id, j := range f.Jobs {
 		done := j.Status == StatusCompleted && j.CompletedAt.Before(cut)
-		if (done || (j.Unschedulable && j.QueuedAt.Before(cut))) && !busy[id] {
+		// A job only attempts mention (no webhook ever came) is kept while
+		// they are live, and dropped with them.
+		orphan := j.Status == StatusUnknown
+		if (done || orphan || (j.Unschedulable && j.QueuedAt.Before(cut))) && !busy[id] {
 			if j.Runner != "" && f.byRunner[j.Runner] == id {
 				delete(f.byRunner, j.Runner)
 			}

@@ -39,8 +39,14 @@ type Event struct {
 	Data    Payload
 }
 
-// Type is the versioned CloudEvents type of the event's payload.
-func (e Event) Type() string { return e.Data.EventType() }
+// Type is the versioned CloudEvents type of the event's payload, or "" for
+// an event whose type this build does not know (Data is nil).
+func (e Event) Type() string {
+	if e.Data == nil {
+		return ""
+	}
+	return e.Data.EventType()
+}
 
 // Payload is implemented by every type in the catalogue.
 type Payload interface {
@@ -66,6 +72,9 @@ func New(source string, at time.Time, p Payload) Event {
 
 // Marshal encodes the event as a structured-mode CloudEvents JSON envelope.
 func Marshal(e Event) ([]byte, error) {
+	if e.Data == nil {
+		return nil, fmt.Errorf("%w: event %s has no payload", ErrUnknownType, e.ID)
+	}
 	data, err := json.Marshal(e.Data)
 	if err != nil {
 		return nil, fmt.Errorf("encode %s data: %w", e.Data.EventType(), err)

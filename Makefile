@@ -1,0 +1,43 @@
+# Berth. `make demo` runs the whole system on the GitHub simulator;
+# `make test` runs every test. Both work on a fresh machine with Go 1.26.
+SHELL := /bin/bash
+GO ?= go
+BIN := $(CURDIR)/bin
+export PATH := $(BIN):$(PATH)
+NATSCLI_VERSION := v0.5.0
+TEST_FLAGS ?= -race -count=1 -timeout 15m
+
+.PHONY: demo test tools build schemas vet fmt-check clean vz-build
+
+## demo: 200 jobs through embedded NATS, dispatcher, watchdog, two exec agents and the GitHub simulator
+demo:
+	$(GO) run ./tests/cmd/demo $(DEMO_FLAGS)
+
+## test: unit, property, end-to-end and nats-CLI inspection tests
+test: tools
+	$(GO) vet ./events/... ./services/... ./tests/...
+	$(GO) test $(TEST_FLAGS) ./events/... ./services/... ./tests/...
+
+## tools: the nats CLI the inspection tests use, installed into ./bin
+tools: $(BIN)/nats
+$(BIN)/nats:
+	@echo "installing natscli $(NATSCLI_VERSION) into $(BIN) (takes a minute the first time)"
+	GOBIN=$(BIN) $(GO) install github.com/nats-io/natscli/nats@$(NATSCLI_VERSION)
+
+## build: the berth command and the simulator into ./bin
+build:
+	$(GO) build -o $(BIN)/berth ./services/cmd/berth
+	$(GO) build -o $(BIN)/ghsim ./tests/cmd/ghsim
+
+## schemas: regenerate schemas/ from the event types (a test fails when they are stale)
+schemas:
+	$(GO) run ./services/cmd/schemagen schemas
+
+vet:
+	$(GO) vet ./events/... ./services/... ./tests/...
+
+fmt-check:
+	@test -z "$$(gofmt -l events services tests)" || (gofmt -l events services tests; echo "run gofmt -w"; exit 1)
+
+clean:
+	rm -rf $(BIN) data

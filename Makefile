@@ -7,7 +7,7 @@ export PATH := $(BIN):$(PATH)
 NATSCLI_VERSION := v0.5.0
 TEST_FLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: demo test tools build schemas vet fmt-check clean vz-build
+.PHONY: demo test tools build schemas vet fmt-check clean images
 
 ## demo: 200 jobs through embedded NATS, dispatcher, watchdog, two exec agents and the GitHub simulator
 demo:
@@ -41,3 +41,13 @@ fmt-check:
 
 clean:
 	rm -rf $(BIN) data
+
+## images: berth and nats images FROM scratch, from static binaries built here
+IMAGE_DIR := $(BIN)/images
+images:
+	mkdir -p $(IMAGE_DIR)/berth $(IMAGE_DIR)/nats
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(IMAGE_DIR)/berth/berth ./services/cmd/berth
+	cd services && CGO_ENABLED=0 GOWORK=off $(GO) build -trimpath -o $(IMAGE_DIR)/nats/nats-server github.com/nats-io/nats-server/v2
+	cp deploy/nats/nats.conf $(IMAGE_DIR)/nats/
+	docker build -q -t berth/berth:local -f deploy/docker/berth.Dockerfile $(IMAGE_DIR)/berth
+	docker build -q -t berth/nats:local -f deploy/docker/nats.Dockerfile $(IMAGE_DIR)/nats

@@ -119,6 +119,21 @@ func Decide(f *events.Fleet, p Params) Plan {
 			need--
 		}
 	}
+	// An attempt released in this plan (surplus) gets no JIT config: no
+	// runner registration without a reserved slot (law 1).
+	if len(plan.Release) > 0 && len(plan.Mint) > 0 {
+		gone := map[string]bool{}
+		for _, r := range plan.Release {
+			gone[r.Attempt] = true
+		}
+		var mint []*events.Attempt
+		for _, a := range plan.Mint {
+			if !gone[a.ID] {
+				mint = append(mint, a)
+			}
+		}
+		plan.Mint = mint
+	}
 	return plan
 }
 

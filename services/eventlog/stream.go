@@ -20,7 +20,10 @@ type StreamConfig struct {
 // Connect dials NATS with reconnects forever, so a restarting server is
 // waited for rather than fatal.
 func Connect(url, name string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
-	base := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
+	// RetryOnFailedConnect: a service started before its server (compose,
+	// systemd) waits for it instead of exiting.
+	base := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
+		nats.RetryOnFailedConnect(true)}
 	nc, err := nats.Connect(url, append(base, opts...)...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to NATS at %s: %w (is nats-server running? `berth dev` embeds one)", url, err)

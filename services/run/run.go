@@ -22,6 +22,7 @@ import (
 	"github.com/berth-ci/berth/services/vmagent/backends/exec"
 	"github.com/berth-ci/berth/services/watchdog"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -36,11 +37,17 @@ type System struct {
 	Dispatcher     *dispatch.Dispatcher
 	Watchdog       *watchdog.Watchdog
 
-	server *server.Server
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	errs   []error
+	server   *server.Server
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	errs     []error
+	failed   chan struct{}
+	failOnce sync.Once
 }
+
+// Failed is closed when any service stops with an error: a process running
+// services exits then rather than serving a dead loop's health.
+func (s *System) Failed() <-chan struct{} { return s.failed }
 
 func (s *System) fail(name string, err error) {
 	if err == nil || errors.Is(err, context.Canceled) {
@@ -49,6 +56,7 @@ func (s *System) fail(name string, err error) {
 	s.mu.Lock()
 	s.errs = append(s.errs, fmt.Errorf("%s: %w", name, err))
 	s.mu.Unlock()
+	s.failOnce.Do(func() { close(s.failed) })
 }
 
 // Wait blocks until every service has stopped (cancel the context given to
@@ -76,7 +84,8 @@ func (s *System) goRun(name string, fn func() error) {
 // names one), the stream, the dispatcher, the watchdog and every configured
 // agent. It returns once every HTTP endpoint is listening.
 func Dev(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*System, error) {
-	s := &System{AgentAddrs: map[string]string{}, NATSURL: cfg.NATS.URL}
+	s := NewSystem()
+	s.NATSURL = cfg.NATS.URL
 	if s.NATSURL == "" {
 		srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: cfg.NATS.Listen,
 			StoreDir: filepath.Join(cfg.DataDir, "nats")})
@@ -122,7 +131,7 @@ func (s *System) abort(err error) error {
 }
 
 // NewSystem returns an empty system for running single services.
-func NewSystem() *System { return &System{AgentAddrs: map[string]string{}} }
+func NewSystem() *System { return &System{AgentAddrs: map[string]string{}, failed: make(chan struct{})} }
 
 func ensure(ctx context.Context, cfg *config.Config) error {
 	nc, js, err := eventlog.Connect(cfg.NATS.URL, "berth-setup")
@@ -130,8 +139,27 @@ func ensure(ctx context.Context, cfg *config.Config) error {
 		return err
 	}
 	defer nc.Close()
-	_, err = eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{Replicas: cfg.NATS.Replicas, DuplicateWindow: cfg.NATS.DuplicateWindow})
+	return ensureStream(ctx, cfg, js)
+}
+
+// ensureStream creates the stream if needed; every service does it at
+// start, so any of them can come up first.
+func ensureStream(ctx context.Context, cfg *config.Config, js jetstream.JetStream) error {
+	_, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{Replicas: cfg.NATS.Replicas, DuplicateWindow: cfg.NATS.DuplicateWindow})
 	return err
+}
+
+// connect dials NATS for one service and makes sure the stream exists.
+func connect(ctx context.Context, cfg *config.Config, name string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, js, err := eventlog.Connect(cfg.NATS.URL, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := ensureStream(ctx, cfg, js); err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
 }
 
 func registry() *prometheus.Registry {
@@ -168,7 +196,7 @@ func loopHealthy(l *eventlog.Loop) (bool, map[string]any) {
 
 // Dispatcher starts the dispatcher and its HTTP endpoints.
 func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog.Logger) (*dispatch.Dispatcher, string, error) {
-	nc, js, err := eventlog.Connect(cfg.NATS.URL, "berth-dispatcher")
+	nc, js, err := connect(ctx, cfg, "berth-dispatcher")
 	if err != nil {
 		return nil, "", err
 	}
@@ -211,7 +239,7 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 
 // Watchdog starts the watchdog and its HTTP endpoints.
 func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.Logger) (*watchdog.Watchdog, string, error) {
-	nc, js, err := eventlog.Connect(cfg.NATS.URL, "berth-watchdog")
+	nc, js, err := connect(ctx, cfg, "berth-watchdog")
 	if err != nil {
 		return nil, "", err
 	}
@@ -245,7 +273,7 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 
 // Agent starts one host's vmagent and its HTTP endpoints.
 func Agent(ctx context.Context, s *System, cfg *config.Config, ac config.Agent, logger *slog.Logger) (string, error) {
-	nc, js, err := eventlog.Connect(cfg.NATS.URL, "berth-agent-"+ac.Host)
+	nc, js, err := connect(ctx, cfg, "berth-agent-"+ac.Host)
 	if err != nil {
 		return "", err
 	}

@@ -169,10 +169,10 @@ func (a *Agent) Decide(ctx context.Context) {
 			continue
 		}
 		switch {
-		case at.Placed && !at.Provisioning && !at.TeardownReq && !a.creating[at.ID]:
+		case at.Placed && !a.provisioned(at) && !at.TeardownReq && !a.creating[at.ID]:
 			a.startCreate(ctx, at)
 		case at.TeardownReq && !at.Stopped && !at.Abandoned && !a.creating[at.ID] && !a.stopping[at.ID] && !a.stopAppended(at):
-			if !at.Provisioning {
+			if !a.provisioned(at) {
 				// Nothing was created: the teardown is already done.
 				a.append(ctx, events.AttemptStopped{AttemptRef: ref(at)})
 				continue
@@ -180,6 +180,14 @@ func (a *Agent) Decide(ctx context.Context) {
 			a.startStop(ctx, at)
 		}
 	}
+}
+
+// provisioned reports whether the attempt's create was started: the fold
+// shows its provisioning fact, or this agent appended it and the fold has not
+// caught up yet. A create that returns before the fold catches up must
+// neither be started again nor have its VM forgotten by a teardown.
+func (a *Agent) provisioned(at *events.Attempt) bool {
+	return at.Provisioning || a.appended[events.AttemptProvisioning{AttemptRef: ref(at)}.EventID()]
 }
 
 // stopAppended reports whether this agent already appended the outcome of

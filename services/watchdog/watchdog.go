@@ -156,6 +156,9 @@ func (w *Watchdog) Decide(ctx context.Context) {
 		waiting += p.WaitingForSlot
 	}
 	w.mu.Lock()
+	if st.Alarms == nil {
+		st.Alarms = []events.AlarmView{}
+	}
 	w.health = Health{Alarms: st.Alarms, Waiting: waiting, CaughtUp: w.Loop.CaughtUp()}
 	w.mu.Unlock()
 }

@@ -104,13 +104,24 @@ func devCmd() *cobra.Command {
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "berth dev: NATS %s, webhooks http://%s/webhook, watchdog http://%s/healthz; Ctrl-C stops\n",
 				sys.NATSURL, sys.DispatcherAddr, sys.WatchdogAddr)
-			<-ctx.Done()
-			return sys.Wait()
+			return waitFor(ctx, cancel, sys)
 		},
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "deploy/berth.dev.yaml", "config file")
 	cmd.Flags().StringVar(&listen, "nats-listen", "", "embedded NATS client address (default from config, 127.0.0.1:4222)")
 	return cmd
+}
+
+// waitFor runs until the signal context ends or a service fails, then stops
+// everything and returns the services' errors.
+func waitFor(ctx context.Context, cancel context.CancelFunc, sys *run.System) error {
+	defer cancel()
+	select {
+	case <-ctx.Done():
+	case <-sys.Failed():
+	}
+	cancel()
+	return sys.Wait()
 }
 
 func serviceCmd(name string, natsURL *string) *cobra.Command {
@@ -128,7 +139,8 @@ func serviceCmd(name string, natsURL *string) *cobra.Command {
 				c.NATS.URL = *natsURL
 			}
 			sys := run.NewSystem()
-			ctx := cmd.Context()
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
 			if name == "dispatcher" {
 				_, _, err = run.Dispatcher(ctx, sys, c, slog.Default())
 			} else {
@@ -137,8 +149,7 @@ func serviceCmd(name string, natsURL *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			<-ctx.Done()
-			return sys.Wait()
+			return waitFor(ctx, cancel, sys)
 		},
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "/etc/berth/berth.yaml", "config file")
@@ -162,11 +173,12 @@ func agentCmd(natsURL *string) *cobra.Command {
 			for _, a := range c.Agents {
 				if host == "" && len(c.Agents) == 1 || a.Host == host {
 					sys := run.NewSystem()
-					if _, err := run.Agent(cmd.Context(), sys, c, a, slog.Default()); err != nil {
+					ctx, cancel := context.WithCancel(cmd.Context())
+					defer cancel()
+					if _, err := run.Agent(ctx, sys, c, a, slog.Default()); err != nil {
 						return err
 					}
-					<-cmd.Context().Done()
-					return sys.Wait()
+					return waitFor(ctx, cancel, sys)
 				}
 			}
 			return usageError{fmt.Errorf("no agent for host %q in %s: pass --host with one of the agents' host names", host, cfgPath)}

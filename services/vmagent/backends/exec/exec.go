@@ -77,9 +77,9 @@ func (b *Backend) run(ctx context.Context, step string, argv []string, vm backen
 	for k, v := range b.Env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	if st, err := os.Stat(vm.WorkDir); err == nil && st.IsDir() {
-		cmd.Dir = vm.WorkDir // a stop after the dir is gone still runs, from the agent's dir
-	}
+	// The command runs in the agent's working directory, so relative paths in
+	// the config mean what the operator wrote; BERTH_WORK_DIR is the
+	// attempt's own directory.
 	var out tail
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

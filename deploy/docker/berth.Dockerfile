@@ -1,0 +1,5 @@
+# Built by `make images` from a static binary made on this machine: no base
+# image is pulled.
+FROM scratch
+COPY berth /berth
+ENTRYPOINT ["/berth"]

@@ -131,7 +131,9 @@ func (s *System) abort(err error) error {
 }
 
 // NewSystem returns an empty system for running single services.
-func NewSystem() *System { return &System{AgentAddrs: map[string]string{}, failed: make(chan struct{})} }
+func NewSystem() *System {
+	return &System{AgentAddrs: map[string]string{}, failed: make(chan struct{})}
+}
 
 func ensure(ctx context.Context, cfg *config.Config) error {
 	nc, js, err := eventlog.Connect(cfg.NATS.URL, "berth-setup")

@@ -43,7 +43,7 @@ func (in *Intake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, err := github.ValidatePayload(r, in.Secret)
 	if err != nil {
 		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) && false {
+		if errors.As(err, &tooBig) {
 			in.reply(w, http.StatusRequestEntityTooLarge, event, "", "too_large", "body over 1 MiB")
 			return
 		}
@@ -76,7 +76,7 @@ func (in *Intake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			in.Logger.Error("webhook not stored", "delivery", delivery, "err", err)
 			in.reply(w, http.StatusServiceUnavailable, event, e.GetAction(), "unavailable",
-				"event log unavailable; redeliver this delivery from the GitHub UI or API")
+				"event log unavailable")
 			return
 		}
 		outcome := "stored"

@@ -76,6 +76,7 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 	// when the stream holds nothing; otherwise the first delivery tells.
 	if last, err := LastSeq(ctx, l.JS); err == nil && last == 0 {
 		l.caughtUp.Store(true)
+		r.Decide(ctx) // nothing will arrive to trigger it before the first tick
 	}
 	quiet := 0
 	for {

@@ -111,6 +111,9 @@ func loadCurve(path string) (nkeys.KeyPair, error) {
 // On return every backend step it started has returned or been abandoned.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.wg.Wait()
+	// Runs before wg.Wait: a loop that fails also ends the heartbeat.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	pub, _ := a.curve.PublicKey()
 	online := events.HostOnline{Host: a.opts.Host, Boot: a.boot, Pools: a.opts.Pools,
 		PhysicalCap: a.opts.PhysicalCap, CurveKey: pub, Backend: a.backend.Name()}

@@ -76,7 +76,7 @@ func (in *Intake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			in.Logger.Error("webhook not stored", "delivery", delivery, "err", err)
 			in.reply(w, http.StatusServiceUnavailable, event, e.GetAction(), "unavailable",
-				"event log unavailable")
+				"event log unavailable; redeliver this delivery from the GitHub UI or API")
 			return
 		}
 		outcome := "stored"

@@ -1,0 +1,284 @@
+package watchdog_test
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/watchdog"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// The fake clock: every fact and every Decide happens at t0 + an offset.
+var t0 = time.Date(2025, 3, 1, 9, 0, 0, 0, time.UTC)
+
+var params = watchdog.Params{
+	ProvisionTimeout:   10 * time.Minute,
+	TeardownTimeout:    2 * time.Minute,
+	HostTTL:            30 * time.Second,
+	DemandWaitingAfter: 30 * time.Second,
+	DemandWaitingEvery: 5 * time.Minute,
+	LeakGrace:          time.Minute,
+}
+
+type log struct {
+	f *events.Fleet
+	n uint64
+}
+
+func given() *log { return &log{f: events.NewFleet()} }
+
+// at folds facts stamped t0+d, each at the next stream sequence.
+func (l *log) at(d time.Duration, ps ...events.Payload) *log {
+	for _, p := range ps {
+		l.n++
+		e := events.New("test", t0.Add(d), p)
+		e.Seq = l.n
+		l.f.Apply(e)
+	}
+	return l
+}
+
+// decide asks the watchdog at t0+d; heartbeats are given as ages at that time.
+func (l *log) decide(d time.Duration, ages map[string]time.Duration) watchdog.Plan {
+	beats := map[string]time.Time{}
+	for h, age := range ages {
+		beats[h] = t0.Add(d - age)
+	}
+	return watchdog.Decide(l.f, t0.Add(d), beats, params)
+}
+
+var linux = []string{"linux", "self-hosted"}
+
+func host(name string) *events.HostOnline {
+	return &events.HostOnline{Host: name, Boot: "b1", PhysicalCap: 4, CurveKey: "X" + name, Backend: "exec",
+		Pools: map[string]events.PoolSlots{"linux": {Labels: linux, Slots: 2}}}
+}
+
+func job(id int64, labels ...string) events.JobRef {
+	if labels == nil {
+		labels = linux
+	}
+	return events.JobRef{JobID: id, RunID: 9, Labels: labels}
+}
+
+func aref(id int64, h string) events.AttemptRef {
+	return events.AttemptRef{Attempt: events.AttemptID(id, 1), Pool: "linux", Host: h}
+}
+
+func reserve(id int64, h string) *events.SlotReserved {
+	return &events.SlotReserved{Pool: "linux", Host: h, Attempt: events.AttemptID(id, 1), JobID: id, N: 1, Labels: linux}
+}
+
+func release(id int64, h, reason string) *events.SlotReleased {
+	return &events.SlotReleased{Pool: "linux", Host: h, Attempt: events.AttemptID(id, 1), Reason: reason, JobID: id}
+}
+
+// placed: job id is queued and attempt 1 booked and placed on h.
+func placed(id int64, h string) []events.Payload {
+	return []events.Payload{&events.JobQueued{JobRef: job(id)}, reserve(id, h), &events.AttemptPlaced{AttemptRef: aref(id, h), JobID: id}}
+}
+
+// running: the attempt's runner started and took its job.
+func running(id int64, h string) []events.Payload {
+	r := aref(id, h)
+	return append(placed(id, h), &events.AttemptProvisioning{AttemptRef: r}, &events.AttemptRunnerStarted{AttemptRef: r},
+		&events.JobInProgress{JobRef: job(id), RunnerName: r.Attempt})
+}
+
+func released(rs []events.SlotReleased) map[string]string {
+	out := map[string]string{}
+	for _, r := range rs {
+		out[r.Attempt] = r.Reason
+	}
+	return out
+}
+
+func TestProvisioningDeadlineReleasesThenTearsDown(t *testing.T) {
+	pt := params.ProvisionTimeout
+	l := given().at(0, host("h-a")).at(0, placed(1, "h-a")...)
+
+	if plan := l.decide(pt, nil); len(plan.Release)+len(plan.Teardown) != 0 {
+		t.Fatalf("at the deadline: %+v, want nothing yet", plan)
+	}
+	plan := l.decide(pt+2*time.Second, nil)
+	wantR := []events.SlotReleased{*release(1, "h-a", events.ReleaseProvisionTimeout)}
+	wantT := []events.AttemptTeardownRequested{{AttemptRef: aref(1, "h-a"), Reason: events.ReleaseProvisionTimeout}}
+	if !reflect.DeepEqual(plan.Release, wantR) || !reflect.DeepEqual(plan.Teardown, wantT) {
+		t.Fatalf("past the deadline: release %+v teardown %+v, want %+v then %+v", plan.Release, plan.Teardown, wantR, wantT)
+	}
+
+	notPlaced := given().at(0, host("h-a"), &events.JobQueued{JobRef: job(1)}, reserve(1, "h-a"))
+	if plan := notPlaced.decide(pt+2*time.Second, nil); len(plan.Release) != 1 || len(plan.Teardown) != 0 {
+		t.Fatalf("never placed: %+v, want a release and no teardown (no VM to stop)", plan)
+	}
+}
+
+func TestProvisioningDeadlineSparesStartedOrBoundAttempts(t *testing.T) {
+	r := aref(1, "h-a")
+	cases := map[string]events.Payload{
+		"runner started":        &events.AttemptRunnerStarted{AttemptRef: r},
+		"bound to another job":  &events.JobInProgress{JobRef: job(2), RunnerName: r.Attempt},
+		"bound to its own job":  &events.JobInProgress{JobRef: job(1), RunnerName: r.Attempt},
+		"bound by a completion": &events.JobCompleted{JobRef: job(2), RunnerName: r.Attempt, Conclusion: "success"},
+	}
+	for name, fact := range cases {
+		l := given().at(0, host("h-a")).at(0, placed(1, "h-a")...).at(time.Minute, fact)
+		if plan := l.decide(time.Hour, nil); len(plan.Release)+len(plan.Teardown) != 0 {
+			t.Errorf("%s: %+v, want no provisioning release", name, plan)
+		}
+	}
+}
+
+func TestTeardownDeadlineAbandonsTheStop(t *testing.T) {
+	tt, asked := params.TeardownTimeout, 10*time.Minute
+	r := aref(1, "h-a")
+	given := func() *log {
+		return given().at(0, host("h-a")).at(0, running(1, "h-a")...).at(asked,
+			&events.JobCompleted{JobRef: job(1), RunnerName: r.Attempt, Conclusion: "success"},
+			release(1, "h-a", events.ReleaseCompleted),
+			&events.AttemptTeardownRequested{AttemptRef: r, Reason: events.ReleaseCompleted})
+	}
+
+	if plan := given().decide(asked+tt-time.Second, nil); len(plan.Abandon) != 0 {
+		t.Fatalf("before the deadline: abandon %+v", plan.Abandon)
+	}
+	plan := given().decide(asked+tt+time.Second, nil)
+	want := []events.AttemptAbandoned{{AttemptRef: r, Step: "stop", After: tt}}
+	if !reflect.DeepEqual(plan.Abandon, want) || len(plan.Release) != 0 {
+		t.Fatalf("past the deadline: %+v, want abandon %+v and no release", plan, want)
+	}
+
+	stopped := given().at(asked+time.Minute, &events.AttemptStopped{AttemptRef: r})
+	if plan := stopped.decide(asked+time.Hour, nil); len(plan.Abandon) != 0 {
+		t.Fatalf("stopped: abandon %+v", plan.Abandon)
+	}
+	abandoned := given().at(asked+tt+time.Second, &want[0])
+	if plan := abandoned.decide(asked+time.Hour, nil); len(plan.Abandon) != 0 {
+		t.Fatalf("already abandoned: abandon %+v", plan.Abandon)
+	}
+}
+
+// BL-06: the host stops heartbeating (crashed agent, rebooted host); every
+// slot held on it goes back, whatever its attempts were doing.
+func TestHostLostReleasesEverySlotHeldOnIt(t *testing.T) {
+	now := 5 * time.Minute
+	l := given().at(0, host("h-a"), host("h-b")).at(0, running(1, "h-a")...).at(0, placed(2, "h-a")...)
+	l.at(0, running(3, "h-a")...).at(time.Minute, &events.JobCompleted{JobRef: job(3), RunnerName: "berth-3-1"},
+		release(3, "h-a", events.ReleaseCompleted)).at(0, running(4, "h-b")...)
+	fresh := map[string]time.Duration{"h-a": params.HostTTL - time.Second, "h-b": time.Second}
+	stale := map[string]time.Duration{"h-a": params.HostTTL + time.Second, "h-b": time.Second}
+
+	if plan := l.decide(now, fresh); len(plan.Lost)+len(plan.Release) != 0 {
+		t.Fatalf("heartbeat within ttl: %+v, want nothing", plan)
+	}
+	plan := l.decide(now, stale)
+	if len(plan.Lost) != 1 || plan.Lost[0].Host != "h-a" || !plan.Lost[0].At.Equal(t0.Add(now)) || plan.Lost[0].Reason == "" {
+		t.Fatalf("lost %+v, want h-a lost now with a reason", plan.Lost)
+	}
+	want := map[string]string{"berth-1-1": events.ReleaseHostLost, "berth-2-1": events.ReleaseHostLost}
+	if got := released(plan.Release); !reflect.DeepEqual(got, want) || len(plan.Teardown) != 2 {
+		t.Fatalf("release %v teardown %d, want %v (not berth-3-1 again, not h-b's) and their teardowns", got, len(plan.Teardown), want)
+	}
+
+	l.at(now, &plan.Lost[0])
+	plan = l.decide(now+time.Second, stale)
+	if got := released(plan.Release); len(plan.Lost) != 0 || !reflect.DeepEqual(got, want) {
+		t.Fatalf("host lost folded, slots not yet: lost %+v release %v, want no second loss and %v", plan.Lost, got, want)
+	}
+}
+
+func TestWaitingDemandIsReportedAfterAWhileThenEveryPeriod(t *testing.T) {
+	after, every, q := params.DemandWaitingAfter, params.DemandWaitingEvery, 10*time.Second
+	l := given().at(0, host("h-a")).at(0, running(1, "h-a")...).at(0, running(2, "h-a")...)
+	l.at(q, &events.JobQueued{JobRef: job(3)}).at(q+5*time.Second, &events.JobQueued{JobRef: job(4)})
+
+	if plan := l.decide(q+after-time.Second, nil); len(plan.Demand) != 0 {
+		t.Fatalf("waited under %s: demand %+v", after, plan.Demand)
+	}
+	first := q + after + 10*time.Second
+	plan := l.decide(first, nil)
+	if len(plan.Demand) != 1 {
+		t.Fatalf("demand %+v, want one report for pool linux", plan.Demand)
+	}
+	d := plan.Demand[0]
+	if d.Pool != "linux" || d.Jobs != 2 || d.OldestJobID != 3 || d.Waited != after+10*time.Second ||
+		!d.At.Equal(t0.Add(first)) || d.Reason == "" {
+		t.Fatalf("report %+v, want pool linux, 2 jobs, oldest 3, waited %s, a reason", d, after+10*time.Second)
+	}
+
+	l.at(first, &d)
+	if plan := l.decide(first+every-time.Second, nil); len(plan.Demand) != 0 {
+		t.Fatalf("%s after the last report: demand %+v, want quiet", every-time.Second, plan.Demand)
+	}
+	if plan := l.decide(first+every+time.Second, nil); len(plan.Demand) != 1 || plan.Demand[0].Jobs != 2 {
+		t.Fatalf("%s after the last report: demand %+v, want a new report", every+time.Second, plan.Demand)
+	}
+}
+
+func TestGitHubHostedJobsAreNeverReportedAsWaiting(t *testing.T) {
+	cases := []struct {
+		labels []string
+		pool   string
+	}{
+		{[]string{"ubuntu-latest"}, ""},
+		{[]string{"macos-14", "arm64"}, ""},
+		{[]string{"self-hosted", "gpu"}, "unmatched"},
+	}
+	for _, c := range cases {
+		l := given().at(0, host("h-a"), &events.JobQueued{JobRef: job(7, c.labels...)})
+		plan := l.decide(time.Hour, nil)
+		var got string
+		if len(plan.Demand) == 1 {
+			got = plan.Demand[0].Pool
+		}
+		if got != c.pool || len(plan.Demand) > 1 {
+			t.Errorf("labels %v: demand %+v, want pool %q", c.labels, plan.Demand, c.pool)
+		}
+	}
+}
+
+// A held slot whose VM is gone is accounted for by nothing (law 6).
+func TestSlotHeldByAStoppedAttemptRaisesALeakAlarmUntilReleased(t *testing.T) {
+	grace, stop := params.LeakGrace, 3*time.Minute
+	r := aref(1, "h-a")
+	l := given().at(0, host("h-a")).at(0, running(1, "h-a")...).at(stop, &events.AttemptStopped{AttemptRef: r})
+
+	if plan := l.decide(stop+grace-time.Second, nil); len(plan.Raise) != 0 {
+		t.Fatalf("within grace: raise %+v", plan.Raise)
+	}
+	now := stop + grace + time.Second
+	plan := l.decide(now, nil)
+	if len(plan.Raise) != 1 || len(plan.Release) != 0 {
+		t.Fatalf("past grace: %+v, want one alarm and no release on a guess", plan)
+	}
+	a := plan.Raise[0]
+	if a.Key != "slot_leak/linux/berth-1-1" || a.Kind != events.AlarmSlotLeak || a.Pool != "linux" || !a.At.Equal(t0.Add(now)) {
+		t.Fatalf("alarm %+v", a)
+	}
+	for _, say := range []string{"berth-1-1", "h-a", "berth replay", "release it"} {
+		if !strings.Contains(a.Message, say) {
+			t.Errorf("alarm message %q does not say %q", a.Message, say)
+		}
+	}
+
+	l.at(now, &a)
+	if plan := l.decide(now+time.Minute, nil); len(plan.Raise)+len(plan.Clear) != 0 {
+		t.Fatalf("alarm active, slot still held: raise %+v clear %+v, want neither", plan.Raise, plan.Clear)
+	}
+
+	l.at(now+2*time.Minute, release(1, "h-a", events.ReleaseCompleted))
+	plan = l.decide(now+3*time.Minute, nil)
+	want := []events.AlarmCleared{{Key: a.Key, Pool: "linux", At: t0.Add(now + 3*time.Minute)}}
+	if !reflect.DeepEqual(plan.Clear, want) || len(plan.Raise) != 0 {
+		t.Fatalf("slot released: clear %+v raise %+v, want %+v", plan.Clear, plan.Raise, want)
+	}
+	l.at(now+3*time.Minute, &want[0])
+	if plan := l.decide(now+4*time.Minute, nil); len(plan.Raise)+len(plan.Clear) != 0 {
+		t.Fatalf("alarm cleared: %+v, want quiet", plan)
+	}
+}

@@ -86,6 +86,9 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 			<-errc
 			return nil
 		case err := <-errc:
+			if ctx.Err() != nil {
+				return nil // stopping: the follower saw the cancel first
+			}
 			return err
 		case fn := <-l.inbox:
 			fn()

@@ -83,7 +83,7 @@ func (f *Fleet) Apply(e Event) {
 	case *HostOnline:
 		h := f.host(d.Host)
 		if s := stampOf(e); s.after(h.online) {
-			h.online = s
+			h.online, h.OnlineAt = s, e.Time
 			h.Boot, h.PhysicalCap, h.CurveKey, h.Backend = d.Boot, d.PhysicalCap, d.CurveKey, d.Backend
 			h.Pools = map[string]PoolSlots{}
 			for name, ps := range d.Pools {
@@ -173,9 +173,9 @@ func (f *Fleet) cordon(c HostChange, e Event, on bool) {
 	h := f.host(c.Host)
 	if s := stampOf(e); s.after(h.cordon) {
 		h.cordon, h.Cordoned = s, on
-		h.CordonReason = ""
+		h.CordonReason, h.CordonBy, h.CordonedAt = "", "", time.Time{}
 		if on {
-			h.CordonReason = c.Reason
+			h.CordonReason, h.CordonBy, h.CordonedAt = c.Reason, c.By, e.Time
 		}
 	}
 }

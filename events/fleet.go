@@ -61,10 +61,13 @@ type Host struct {
 	State        HostState
 	Cordoned     bool
 	CordonReason string
+	CordonBy     string // who cordoned: an operator, or "watchdog" for the abandoned-VM cap
+	CordonedAt   time.Time
 	Held         map[string]int // pool → slots held on this host
 	LiveVMs      int            // VMs that exist (provisioning … stopped), abandoned ones included
 	AbandonedVMs int            // abandoned and not yet seen stopped
 	Booked       int            // attempts holding a slot or a VM: what physical placement must count
+	OnlineAt     time.Time      // time of the newest online advertisement
 
 	online, state, cordon stamp
 }

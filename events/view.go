@@ -13,7 +13,19 @@ type Status struct {
 	Hosts   []HostStatus `json:"hosts"`
 	Jobs    JobCounts    `json:"jobs"`
 	Alarms  []AlarmView  `json:"alarms"`
-	Skipped int          `json:"skipped_events"`
+	// Abandoned lists every VM whose step overran its deadline and that has
+	// not been seen stopped since: it still occupies its host (law 3).
+	Abandoned []AbandonedVM `json:"abandoned"`
+	Skipped   int           `json:"skipped_events"`
+}
+
+// AbandonedVM is one abandoned VM.
+type AbandonedVM struct {
+	Attempt string    `json:"attempt"`
+	Pool    string    `json:"pool"`
+	Host    string    `json:"host"`
+	Step    string    `json:"step"`
+	Since   time.Time `json:"since"`
 }
 
 // PoolStatus is one pool. Held slots are listed beside the attempts that
@@ -49,6 +61,7 @@ type HostStatus struct {
 	State         HostState      `json:"state"`
 	Cordoned      bool           `json:"cordoned"`
 	CordonReason  string         `json:"cordon_reason,omitempty"`
+	CordonBy      string         `json:"cordoned_by,omitempty"`
 	PhysicalCap   int            `json:"physical_cap"`
 	LiveVMs       int            `json:"live_vms"`
 	AbandonedVMs  int            `json:"abandoned_vms"`
@@ -96,6 +109,7 @@ func (f *Fleet) Status() Status {
 		poolOf(name)
 	}
 	unbound := map[string]int{}
+	st := Status{AsOfSeq: f.LastSeq, Skipped: f.Skipped, Alarms: []AlarmView{}, Abandoned: []AbandonedVM{}}
 	for _, a := range f.Attempts {
 		if a.Pool == "" {
 			continue
@@ -103,6 +117,7 @@ func (f *Fleet) Status() Status {
 		p := poolOf(a.Pool)
 		if a.Abandoned && !a.Stopped {
 			p.AbandonedVMs++
+			st.Abandoned = append(st.Abandoned, AbandonedVM{a.ID, a.Pool, a.Host, a.AbandonedStep, a.AbandonedAt})
 		}
 		if !a.Held() {
 			continue
@@ -119,7 +134,6 @@ func (f *Fleet) Status() Status {
 		}
 		p.HeldBy = append(p.HeldBy, HeldSlot{Attempt: a.ID, Host: a.Host, Stage: a.Stage(), JobID: a.JobID, Bound: bound})
 	}
-	st := Status{AsOfSeq: f.LastSeq, Skipped: f.Skipped, Alarms: []AlarmView{}}
 	for _, j := range f.Jobs {
 		switch {
 		case j.Unschedulable && j.Status < StatusInProgress:
@@ -140,7 +154,7 @@ func (f *Fleet) Status() Status {
 		}
 	}
 	for _, h := range f.Hosts {
-		hs := HostStatus{Name: h.Name, State: h.State, Cordoned: h.Cordoned, CordonReason: h.CordonReason,
+		hs := HostStatus{Name: h.Name, State: h.State, Cordoned: h.Cordoned, CordonReason: h.CordonReason, CordonBy: h.CordonBy,
 			PhysicalCap: h.PhysicalCap, LiveVMs: h.LiveVMs, AbandonedVMs: h.AbandonedVMs,
 			Slots: map[string]int{}, Held: map[string]int{}}
 		for name, ps := range h.Pools {
@@ -175,5 +189,6 @@ func (f *Fleet) Status() Status {
 	sort.Slice(st.Pools, func(i, j int) bool { return st.Pools[i].Name < st.Pools[j].Name })
 	sort.Slice(st.Hosts, func(i, j int) bool { return st.Hosts[i].Name < st.Hosts[j].Name })
 	sort.Slice(st.Alarms, func(i, j int) bool { return st.Alarms[i].Key < st.Alarms[j].Key })
+	sort.Slice(st.Abandoned, func(i, j int) bool { return st.Abandoned[i].Attempt < st.Abandoned[j].Attempt })
 	return st
 }

@@ -75,8 +75,12 @@ type Watchdog struct {
 	// DemandWaitingAfter and DemandWaitingEvery pace "demand waiting" reports.
 	DemandWaitingAfter time.Duration `yaml:"demand_waiting_after"`
 	DemandWaitingEvery time.Duration `yaml:"demand_waiting_every"`
-	// LeakGrace: a held slot with no live attempt for this long raises an alarm.
+	// LeakGrace: a pool whose held slots exceed the live attempts that
+	// account for them for this long raises an alarm.
 	LeakGrace time.Duration `yaml:"leak_grace"`
+	// AbandonedCap: a host with this many abandoned VMs is cordoned until
+	// late stops bring it below.
+	AbandonedCap int `yaml:"abandoned_cap"`
 	// Retention: terminal jobs and attempts leave the projections after this.
 	Retention time.Duration `yaml:"retention"`
 }
@@ -159,7 +163,8 @@ func (c *Config) Defaults() {
 	or(&w.HostTTL, 30*time.Second)
 	or(&w.DemandWaitingAfter, 30*time.Second)
 	or(&w.DemandWaitingEvery, 5*time.Minute)
-	or(&w.LeakGrace, time.Minute)
+	or(&w.LeakGrace, 15*time.Minute)
+	or(&w.AbandonedCap, 2)
 	or(&w.Retention, 72*time.Hour)
 	for i := range c.Agents {
 		a := &c.Agents[i]

@@ -25,6 +25,10 @@ type Plan struct {
 	Unschedulable []events.JobUnschedulable
 }
 
+// DefaultMaxAttempts is how many failed placements a job gets by default
+// (garm retries a failed create 5 times; ARC a failed pod 5 times).
+const DefaultMaxAttempts = 5
+
 // Params tunes Decide.
 type Params struct {
 	// MaxAttempts is the number of failed placements after which a job is
@@ -41,6 +45,9 @@ type Params struct {
 // cancelled or taken by a runner that is not ours.
 func Decide(f *events.Fleet, p Params) Plan {
 	var plan Plan
+	if p.MaxAttempts <= 0 {
+		p.MaxAttempts = DefaultMaxAttempts
+	}
 	labels := f.PoolLabels()
 	demand := map[string][]*events.Job{}
 	for _, j := range f.Jobs {
@@ -58,7 +65,10 @@ func Decide(f *events.Fleet, p Params) Plan {
 		switch {
 		case a.Held() && bound != 0 && f.Jobs[bound] != nil && f.Jobs[bound].Status == events.StatusCompleted:
 			plan.Release = append(plan.Release, release(a, events.ReleaseCompleted))
-		case a.Held() && a.Failed:
+		case a.Held() && (a.Failed || (a.Abandoned && !a.RunnerStarted)):
+			// A create that failed or overran its deadline ends this
+			// attempt's claim on demand; its VM, if any, stays counted on
+			// the host until it is seen stopped.
 			plan.Release = append(plan.Release, release(a, events.ReleaseCreateFailed))
 		case a.Held() && bound == 0:
 			unbound[a.Pool] = append(unbound[a.Pool], a)

@@ -30,8 +30,11 @@ type MintRequest struct {
 type Options struct {
 	Params      Params
 	MintTimeout time.Duration
-	Now         func() time.Time
-	Logger      *slog.Logger
+	// Retention bounds how long terminal jobs and attempts stay in the
+	// fold (law 5); 0 means 72 h.
+	Retention time.Duration
+	Now       func() time.Time
+	Logger    *slog.Logger
 }
 
 // Dispatcher is the act shell around Decide: it folds the log, appends the
@@ -45,9 +48,10 @@ type Dispatcher struct {
 	curvePub string
 	metrics  *Metrics
 
-	fleet   *events.Fleet
-	pending map[string]time.Time // event or mint ids in flight → when
-	wg      sync.WaitGroup
+	fleet       *events.Fleet
+	pending     map[string]time.Time // event or mint ids in flight → when
+	lastCompact time.Time
+	wg          sync.WaitGroup
 }
 
 // New builds a dispatcher. Its curve key seals JIT configs to agents.
@@ -62,7 +66,10 @@ func New(loop *eventlog.Loop, app *eventlog.Appender, m Minter, opts Options, me
 		opts.MintTimeout = 10 * time.Second
 	}
 	if opts.Params.MaxAttempts == 0 {
-		opts.Params.MaxAttempts = 5
+		opts.Params.MaxAttempts = DefaultMaxAttempts
+	}
+	if opts.Retention == 0 {
+		opts.Retention = 72 * time.Hour
 	}
 	kp, err := nkeys.CreateCurveKeys()
 	if err != nil {
@@ -126,7 +133,23 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 	for _, a := range plan.Mint {
 		d.mint(ctx, now, a)
 	}
+	d.housekeep(now)
 	d.metrics.observe(d.fleet)
+}
+
+// housekeep keeps memory flat in jobs served (law 5): terminal records leave
+// the fold after the retention, and in-flight marks expire.
+func (d *Dispatcher) housekeep(now time.Time) {
+	if now.Sub(d.lastCompact) < time.Minute {
+		return
+	}
+	d.lastCompact = now
+	d.fleet.Compact(now, d.opts.Retention)
+	for id, at := range d.pending {
+		if now.Sub(at) >= pendingFor {
+			delete(d.pending, id)
+		}
+	}
 }
 
 // appendPool appends to a pool's ledger with optimistic concurrency: it
@@ -214,11 +237,19 @@ func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt)
 		}
 		placed := events.AttemptPlaced{AttemptRef: ref, JobID: jobID, Labels: req.Labels, RunnerID: runnerID,
 			SealedJIT: sealed, SealedBy: d.curvePub, SealedTo: sealTo}
-		if _, _, err := d.log.Append(ctx, d.log.New(d.opts.Now(), placed), nil); err != nil {
-			logger.Warn("placement append failed; will mint again", "err", err)
-			return
-		}
-		logger.Info("attempt placed")
+		// Place from the loop, against the fold as it is now: a slot
+		// released while GitHub was answering gets no VM (law 1).
+		d.Loop.Post(ctx, func() {
+			if a := d.fleet.Attempts[ref.Attempt]; a == nil || !a.Held() {
+				logger.Info("slot released while minting; not placing (GitHub drops the unused JIT runner after a day)")
+				return
+			}
+			if err := d.append(ctx, d.opts.Now(), placed, nil); err != nil {
+				logger.Warn("placement append failed; will mint again", "err", err)
+				return
+			}
+			logger.Info("attempt placed")
+		})
 	}()
 }
 

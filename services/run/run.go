@@ -214,7 +214,8 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	metrics := dispatch.NewMetrics(reg)
 	app := &eventlog.Appender{JS: js, Source: "berth/dispatcher"}
 	d, err := dispatch.New(&eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 500 * time.Millisecond}, app, minter,
-		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts}, MintTimeout: dc.MintTimeout, Logger: logger}, metrics)
+		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts}, MintTimeout: dc.MintTimeout,
+			Retention: cfg.Watchdog.Retention, Logger: logger}, metrics)
 	if err != nil {
 		nc.Close()
 		return nil, "", err
@@ -250,6 +251,7 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 	w := watchdog.New(js, &eventlog.Appender{JS: js, Source: "berth/watchdog"}, watchdog.Params{
 		ProvisionTimeout: wc.ProvisionTimeout, TeardownTimeout: wc.TeardownTimeout, HostTTL: wc.HostTTL,
 		DemandWaitingAfter: wc.DemandWaitingAfter, DemandWaitingEvery: wc.DemandWaitingEvery, LeakGrace: wc.LeakGrace,
+		AbandonedCap: wc.AbandonedCap,
 	}, time.Now, logger)
 	w.Retention = wc.Retention
 	reg := registry()
@@ -257,6 +259,8 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 		ok, detail := loopHealthy(w.Loop)
 		h := w.Health()
 		detail["alarms"] = h.Alarms
+		detail["abandoned_vms"] = h.Abandoned
+		detail["abandoned_cap"] = wc.AbandonedCap
 		detail["jobs_waiting_for_slot"] = h.Waiting
 		return ok && len(h.Alarms) == 0, detail
 	})

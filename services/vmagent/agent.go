@@ -44,8 +44,11 @@ type Options struct {
 	CreateTimeout time.Duration
 	StopTimeout   time.Duration
 	Heartbeat     time.Duration
-	Now           func() time.Time
-	Logger        *slog.Logger
+	// RetryBase is the first wait before a failed or overrun stop is tried
+	// again; it doubles up to 5 min. 0 means 5 s.
+	RetryBase time.Duration
+	Now       func() time.Time
+	Logger    *slog.Logger
 }
 
 // Agent is one host's vmagent.
@@ -59,9 +62,11 @@ type Agent struct {
 	boot    string
 
 	fleet    *events.Fleet
-	creating map[string]bool // attempts whose create step is running
-	stopping map[string]bool // attempts whose stop step is running
-	appended map[string]bool // facts appended, not yet folded
+	creating map[string]bool      // attempts whose create step is running
+	stopping map[string]bool      // attempts whose stop step is running
+	appended map[string]time.Time // facts appended, not yet folded → when
+	retry    map[string]*backoff  // attempts whose stop failed or overran → when to try again
+	lastHK   time.Time
 	wg       sync.WaitGroup
 }
 
@@ -85,7 +90,7 @@ func New(js jetstream.JetStream, app *eventlog.Appender, b backend.Backend, opts
 	loop := &eventlog.Loop{JS: js, Filters: []string{events.HostAttemptsFilter(opts.Host), events.HostSubject(opts.Host)}}
 	return &Agent{Loop: loop, log: app, js: js, backend: b, opts: opts, curve: kp,
 		boot:  strconv.FormatInt(time.Now().UnixNano(), 36),
-		fleet: events.NewFleet(), creating: map[string]bool{}, stopping: map[string]bool{}, appended: map[string]bool{}}, nil
+		fleet: events.NewFleet(), creating: map[string]bool{}, stopping: map[string]bool{}, appended: map[string]time.Time{}, retry: map[string]*backoff{}}, nil
 }
 
 func loadCurve(path string) (nkeys.KeyPair, error) {
@@ -165,8 +170,11 @@ func (a *Agent) Apply(d eventlog.Delivered) {
 }
 
 // Decide implements eventlog.Reactor: start creates for new placements and
-// stops for teardown requests, each at most once at a time per attempt.
+// stops for teardown requests and abandoned VMs, each at most once at a time
+// per attempt. An abandoned VM is stopped again with back-off until a stop
+// returns: that late stop is what gives its physical capacity back.
 func (a *Agent) Decide(ctx context.Context) {
+	now := time.Now()
 	for _, at := range a.fleet.Attempts {
 		if at.Host != a.opts.Host {
 			continue
@@ -174,15 +182,64 @@ func (a *Agent) Decide(ctx context.Context) {
 		switch {
 		case at.Placed && !a.provisioned(at) && !at.TeardownReq && !a.creating[at.ID]:
 			a.startCreate(ctx, at)
-		case at.TeardownReq && !at.Stopped && !at.Abandoned && !a.creating[at.ID] && !a.stopping[at.ID] && !a.stopAppended(at):
+		case (at.TeardownReq || at.Abandoned) && !at.Stopped && !a.creating[at.ID] && !a.stopping[at.ID] && !a.stopAppended(at):
 			if !a.provisioned(at) {
 				// Nothing was created: the teardown is already done.
 				a.append(ctx, events.AttemptStopped{AttemptRef: ref(at)})
 				continue
 			}
+			if b := a.retry[at.ID]; b != nil && now.Before(b.next) {
+				continue
+			}
 			a.startStop(ctx, at)
 		}
 	}
+	a.housekeep(now)
+}
+
+// housekeep keeps the agent's memory flat in jobs served (law 5).
+func (a *Agent) housekeep(now time.Time) {
+	if now.Sub(a.lastHK) < time.Minute {
+		return
+	}
+	a.lastHK = now
+	a.fleet.Compact(a.opts.Now(), 10*time.Minute)
+	for id, at := range a.appended {
+		if now.Sub(at) > time.Minute {
+			delete(a.appended, id)
+		}
+	}
+	for id := range a.retry {
+		if at := a.fleet.Attempts[id]; at == nil || at.Stopped {
+			delete(a.retry, id)
+		}
+	}
+}
+
+// backoff paces the stops of one attempt after a failure or an overrun:
+// RetryBase, doubling, up to 5 min.
+type backoff struct {
+	fails int
+	next  time.Time
+}
+
+func (a *Agent) backOff(id string) time.Duration {
+	b := a.retry[id]
+	if b == nil {
+		b = &backoff{}
+		a.retry[id] = b
+	}
+	base := a.opts.RetryBase
+	if base <= 0 {
+		base = 5 * time.Second
+	}
+	wait := base << min(b.fails, 6)
+	if wait > 5*time.Minute {
+		wait = 5 * time.Minute
+	}
+	b.fails++
+	b.next = time.Now().Add(wait)
+	return wait
 }
 
 // provisioned reports whether the attempt's create was started: the fold
@@ -190,15 +247,15 @@ func (a *Agent) Decide(ctx context.Context) {
 // caught up yet. A create that returns before the fold catches up must
 // neither be started again nor have its VM forgotten by a teardown.
 func (a *Agent) provisioned(at *events.Attempt) bool {
-	return at.Provisioning || a.appended[events.AttemptProvisioning{AttemptRef: ref(at)}.EventID()]
+	_, ok := a.appended[events.AttemptProvisioning{AttemptRef: ref(at)}.EventID()]
+	return at.Provisioning || ok
 }
 
-// stopAppended reports whether this agent already appended the outcome of
-// the attempt's stop and is waiting for the fold to show it.
+// stopAppended reports whether this agent already appended the attempt's
+// stop and is waiting for the fold to show it.
 func (a *Agent) stopAppended(at *events.Attempt) bool {
-	r := ref(at)
-	return a.appended[events.AttemptStopped{AttemptRef: r}.EventID()] ||
-		a.appended[events.AttemptAbandoned{AttemptRef: r}.EventID()]
+	_, ok := a.appended[events.AttemptStopped{AttemptRef: ref(at)}.EventID()]
+	return ok
 }
 
 func ref(at *events.Attempt) events.AttemptRef {
@@ -207,14 +264,14 @@ func ref(at *events.Attempt) events.AttemptRef {
 
 func (a *Agent) append(ctx context.Context, p events.Payload) error {
 	ev := a.log.New(a.opts.Now(), p)
-	if a.appended[ev.ID] {
+	if _, ok := a.appended[ev.ID]; ok {
 		return nil
 	}
 	if _, _, err := a.log.Append(ctx, ev, nil); err != nil {
 		a.opts.Logger.Warn("append failed; will retry", "event", ev.ID, "err", err)
 		return err
 	}
-	a.appended[ev.ID] = true
+	a.appended[ev.ID] = time.Now()
 	return nil
 }
 
@@ -268,37 +325,77 @@ func (a *Agent) startCreate(ctx context.Context, at *events.Attempt) {
 	}()
 }
 
-// startStop runs the stop step off the loop under its deadline; overrunning
-// it abandons the VM, which keeps occupying physical capacity (law 3).
+// startStop runs the stop step off the loop under its deadline. Overrunning
+// it abandons the VM, which keeps occupying physical capacity (law 3); the
+// stop is then retried with back-off, never queued behind the wedged call,
+// and a late return of any of them records the VM stopped (late).
 func (a *Agent) startStop(ctx context.Context, at *events.Attempt) {
 	a.stopping[at.ID] = true
-	r, vm := ref(at), a.vm(at)
+	r, vm, abandoned := ref(at), a.vm(at), at.Abandoned
 	logger := a.opts.Logger.With("attempt", at.ID, "pool", at.Pool)
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
-		err := a.step(ctx, a.opts.StopTimeout, func(c context.Context) error { return a.backend.Stop(c, vm) })
-		var result events.Payload = events.AttemptStopped{AttemptRef: r}
-		switch {
-		case ctx.Err() != nil:
-			return
-		case errors.Is(err, context.DeadlineExceeded):
-			logger.Warn("stop overran its deadline; VM abandoned, it still counts against physical capacity", "after", a.opts.StopTimeout)
-			result = events.AttemptAbandoned{AttemptRef: r, Step: "stop", After: a.opts.StopTimeout}
-		case err != nil:
-			logger.Warn("stop failed; will retry", "err", err)
-			result = nil
-		default:
-			_ = os.RemoveAll(vm.WorkDir)
-			logger.Info("VM stopped")
+		err, late := a.stepLate(ctx, a.opts.StopTimeout, func(c context.Context) error { return a.backend.Stop(c, vm) })
+		if late != nil {
+			go a.awaitLateStop(ctx, r, vm, late, logger)
 		}
 		a.Loop.Post(ctx, func() {
 			delete(a.stopping, r.Attempt)
-			if result != nil {
-				a.append(ctx, result)
+			switch {
+			case ctx.Err() != nil:
+			case errors.Is(err, context.DeadlineExceeded):
+				wait := a.backOff(r.Attempt)
+				if !abandoned {
+					logger.Warn("stop overran its deadline; VM abandoned, it still counts against physical capacity",
+						"after", a.opts.StopTimeout, "retry_in", wait)
+					a.append(ctx, events.AttemptAbandoned{AttemptRef: r, Step: "stop", After: a.opts.StopTimeout})
+				}
+			case err != nil:
+				logger.Warn("stop failed; will retry", "err", err, "retry_in", a.backOff(r.Attempt))
+			default:
+				_ = os.RemoveAll(vm.WorkDir)
+				logger.Info("VM stopped", "late", abandoned)
+				a.append(ctx, events.AttemptStopped{AttemptRef: r, Late: abandoned})
 			}
 		})
 	}()
+}
+
+// awaitLateStop waits for a stop call that ignored its deadline; if it
+// eventually succeeds, the VM is recorded stopped (late), which discharges
+// it from the host's abandoned count.
+func (a *Agent) awaitLateStop(ctx context.Context, r events.AttemptRef, vm backend.VM, late <-chan error, logger *slog.Logger) {
+	select {
+	case <-ctx.Done():
+	case err := <-late:
+		if err != nil {
+			return
+		}
+		logger.Info("a stop returned after its deadline: VM stopped late")
+		a.Loop.Post(ctx, func() {
+			_ = os.RemoveAll(vm.WorkDir)
+			a.append(ctx, events.AttemptStopped{AttemptRef: r, Late: true})
+		})
+	}
+}
+
+// stepLate is step that also hands back, when fn outlived its deadline, a
+// channel that delivers fn's eventual result.
+func (a *Agent) stepLate(ctx context.Context, timeout time.Duration, fn func(context.Context) error) (error, <-chan error) {
+	sctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- fn(sctx) }()
+	select {
+	case err := <-done:
+		if err != nil && sctx.Err() != nil {
+			return sctx.Err(), nil
+		}
+		return err, nil
+	case <-sctx.Done():
+		return sctx.Err(), done
+	}
 }
 
 // step runs fn with a deadline. If fn ignores its context and does not

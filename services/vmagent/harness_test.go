@@ -30,9 +30,11 @@ const waitLimit = 10 * time.Second
 type behaviour int
 
 const (
-	succeed behaviour = iota
-	fail              // return an error at once
-	wedge             // block ignoring ctx, like a hung hypervisor call; released at cleanup
+	succeed          behaviour = iota
+	fail                       // return an error at once
+	wedge                      // block ignoring ctx, like a hung hypervisor call; released at cleanup
+	wedgeThenSucceed           // block ignoring ctx until the test closes fakeBackend.late, then succeed
+	wedgeFirst                 // the first call wedges; later ones succeed
 )
 
 // call is what the fake backend saw on one call.
@@ -46,6 +48,7 @@ type call struct {
 // fakeBackend is a backend.Backend told per step and attempt what to do.
 type fakeBackend struct {
 	release chan struct{} // closed at cleanup: wedged calls return
+	late    chan struct{} // closed by a test: wedgeThenSucceed calls return nil
 
 	mu    sync.Mutex
 	plan  map[string]behaviour // "create/<attempt>" or "stop/<attempt>"
@@ -53,7 +56,7 @@ type fakeBackend struct {
 }
 
 func newFakeBackend() *fakeBackend {
-	return &fakeBackend{release: make(chan struct{}), plan: map[string]behaviour{}, calls: map[string][]call{}}
+	return &fakeBackend{release: make(chan struct{}), late: make(chan struct{}), plan: map[string]behaviour{}, calls: map[string][]call{}}
 }
 
 func (f *fakeBackend) Name() string { return "fake" }
@@ -81,6 +84,21 @@ func (f *fakeBackend) do(step string, vm backend.VM) error {
 	case wedge:
 		<-f.release
 		return errors.New("fake " + step + ": returned only at test cleanup")
+	case wedgeThenSucceed:
+		select {
+		case <-f.late:
+			return nil
+		case <-f.release:
+			return errors.New("fake " + step + ": returned only at test cleanup")
+		}
+	case wedgeFirst:
+		f.mu.Lock()
+		first := len(f.calls[key]) == 1
+		f.mu.Unlock()
+		if first {
+			<-f.release
+			return errors.New("fake " + step + ": returned only at test cleanup")
+		}
 	}
 	return nil
 }

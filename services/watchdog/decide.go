@@ -6,6 +6,7 @@ package watchdog
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/berth-ci/berth/events"
@@ -18,8 +19,17 @@ type Params struct {
 	HostTTL            time.Duration
 	DemandWaitingAfter time.Duration
 	DemandWaitingEvery time.Duration
-	LeakGrace          time.Duration
+	// LeakGrace: a pool whose held slots exceed the live attempts that
+	// account for them for this long raises a slot-leak alarm (15 min).
+	LeakGrace time.Duration
+	// AbandonedCap: a host with this many abandoned VMs is cordoned until a
+	// late stop brings it below (default 2: a macOS host's whole capacity).
+	AbandonedCap int
 }
+
+// By marks the facts the watchdog appends on its own authority, so that it
+// lifts only the cordons it set, never an operator's.
+const By = "watchdog"
 
 // Plan is what the watchdog appends. Releases come first: they end demand
 // and must not wait on anything (law 2).
@@ -28,6 +38,8 @@ type Plan struct {
 	Teardown []events.AttemptTeardownRequested
 	Abandon  []events.AttemptAbandoned
 	Lost     []events.HostLost
+	Cordon   []events.HostCordoned
+	Uncordon []events.HostUncordoned
 	Demand   []events.DemandWaiting
 	Raise    []events.AlarmRaised
 	Clear    []events.AlarmCleared
@@ -49,18 +61,25 @@ func Decide(f *events.Fleet, now time.Time, heartbeats map[string]time.Time, p P
 			lost[name] = true
 			continue
 		}
-		if hb, ok := heartbeats[name]; ok && now.Sub(hb) > p.HostTTL {
-			lost[name] = true
-			plan.Lost = append(plan.Lost, events.HostLost{HostChange: events.HostChange{Host: name, At: now,
-				Reason: fmt.Sprintf("no heartbeat for %s (ttl %s); restart its vmagent or check its network", now.Sub(hb).Round(time.Second), p.HostTTL)}})
+		// A host that never heartbeat is judged from its online time.
+		hb, ok := heartbeats[name]
+		if !ok || hb.Before(h.OnlineAt) {
+			hb = h.OnlineAt
 		}
+		if now.Sub(hb) > p.HostTTL {
+			lost[name] = true
+			plan.Lost = append(plan.Lost, events.HostLost{HostChange: events.HostChange{Host: name, At: now, By: By,
+				Reason: fmt.Sprintf("no heartbeat for %s (ttl %s); restart its vmagent or check its network", now.Sub(hb).Round(time.Second), p.HostTTL)}})
+			continue
+		}
+		plan.abandonedCap(h, now, p.AbandonedCap)
 	}
 	ids := make([]string, 0, len(f.Attempts))
 	for id := range f.Attempts {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
-	active := map[string]bool{}
+	leaks := map[string][]*events.Attempt{}
 	for _, id := range ids {
 		a := f.Attempts[id]
 		ref := events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}
@@ -73,23 +92,68 @@ func Decide(f *events.Fleet, now time.Time, heartbeats map[string]time.Time, p P
 		case a.TeardownReq && !a.Stopped && !a.Abandoned && now.Sub(a.TeardownAt) > p.TeardownTimeout:
 			plan.Abandon = append(plan.Abandon, events.AttemptAbandoned{AttemptRef: ref, Step: "stop", After: p.TeardownTimeout})
 		}
+		// A held slot is accounted for by a live attempt; one whose VM is
+		// already stopped accounts for nothing (law 6).
 		if a.Held() && a.Stopped && now.Sub(a.StoppedAt) > p.LeakGrace {
-			key := events.AlarmSlotLeak + "/" + a.Pool + "/" + a.ID
-			active[key] = true
-			if al := f.Alarms[key]; al == nil || !al.Active {
-				plan.Raise = append(plan.Raise, events.AlarmRaised{Key: key, Kind: events.AlarmSlotLeak, Pool: a.Pool, At: now,
-					Message: fmt.Sprintf("suspected slot leak: attempt %s holds a slot of pool %s on host %s but its VM stopped at %s; run `berth replay --check`, then release it by hand if it persists",
-						a.ID, a.Pool, a.Host, a.StoppedAt.Format(time.RFC3339))})
-			}
+			leaks[a.Pool] = append(leaks[a.Pool], a)
 		}
 	}
-	for key, al := range f.Alarms {
-		if al.Active && al.Kind == events.AlarmSlotLeak && !active[key] {
-			plan.Clear = append(plan.Clear, events.AlarmCleared{Key: key, Pool: al.Pool, At: now})
-		}
-	}
+	plan.leakAlarms(f, now, leaks)
 	plan.Demand = waiting(f, now, p)
 	return plan
+}
+
+// abandonedCap cordons a host at the abandoned-VM cap and lifts its own
+// cordon once late stops bring the count back below it.
+func (p *Plan) abandonedCap(h *events.Host, now time.Time, limit int) {
+	if limit <= 0 {
+		return
+	}
+	switch {
+	case h.AbandonedVMs >= limit && !h.Cordoned:
+		p.Cordon = append(p.Cordon, events.HostCordoned{HostChange: events.HostChange{Host: h.Name, At: now, By: By,
+			Reason: fmt.Sprintf("%d abandoned VMs reached the cap of %d: their stops did not return, so they may still hold the host's physical capacity; "+
+				"check the host's backend (for exec: the stop command), then stop them by hand; the cordon lifts by itself when late stops return",
+				h.AbandonedVMs, limit)}})
+	case h.AbandonedVMs < limit && h.Cordoned && h.CordonBy == By:
+		p.Uncordon = append(p.Uncordon, events.HostUncordoned{HostChange: events.HostChange{Host: h.Name, At: now, By: By,
+			Reason: fmt.Sprintf("abandoned VMs down to %d, below the cap of %d", h.AbandonedVMs, limit)}})
+	}
+}
+
+// leakAlarms raises one alarm per pool whose held slots include some that
+// no live attempt accounts for, and clears it when none is left. Each pool is
+// judged by itself, never against a fleet-wide count.
+func (p *Plan) leakAlarms(f *events.Fleet, now time.Time, leaks map[string][]*events.Attempt) {
+	pools := make([]string, 0, len(leaks))
+	for pool := range leaks {
+		pools = append(pools, pool)
+	}
+	sort.Strings(pools)
+	for _, pool := range pools {
+		key := events.AlarmSlotLeak + "/" + pool
+		if al := f.Alarms[key]; al != nil && al.Active {
+			continue
+		}
+		as := leaks[pool]
+		var names []string
+		for i, a := range as {
+			if i == 5 {
+				names = append(names, fmt.Sprintf("and %d more", len(as)-5))
+				break
+			}
+			names = append(names, fmt.Sprintf("%s on %s (stopped %s)", a.ID, a.Host, a.StoppedAt.Format(time.RFC3339)))
+		}
+		p.Raise = append(p.Raise, events.AlarmRaised{Key: key, Kind: events.AlarmSlotLeak, Pool: pool, At: now,
+			Message: fmt.Sprintf("suspected slot leak in pool %s: %d held slots belong to attempts whose VMs stopped: %s; "+
+				"compare `berth status --json` with a replay, then release them by hand if they persist",
+				pool, len(as), strings.Join(names, ", "))})
+	}
+	for key, al := range f.Alarms {
+		if al.Active && al.Kind == events.AlarmSlotLeak && len(leaks[al.Pool]) == 0 {
+			p.Clear = append(p.Clear, events.AlarmCleared{Key: key, Pool: al.Pool, At: now})
+		}
+	}
 }
 
 func (p *Plan) release(a *events.Attempt, reason string) {
@@ -110,6 +174,12 @@ func waiting(f *events.Fleet, now time.Time, p Params) []events.DemandWaiting {
 		oldest *events.Job
 	}
 	per := map[string]*agg{}
+	unbound := map[string]int{}
+	for _, a := range f.Attempts {
+		if a.Held() && f.BoundJob(a.ID) == 0 {
+			unbound[a.Pool]++
+		}
+	}
 	for _, j := range f.Jobs {
 		if !j.Demand() || now.Sub(j.QueuedAt) < p.DemandWaitingAfter {
 			continue
@@ -133,6 +203,11 @@ func waiting(f *events.Fleet, now time.Time, p Params) []events.DemandWaiting {
 	}
 	var out []events.DemandWaiting
 	for pool, g := range per {
+		// Jobs a booked, still-booting runner will serve are not waiting
+		// for a slot.
+		if g.n -= unbound[pool]; g.n <= 0 {
+			continue
+		}
 		if last, ok := f.DemandReported[pool]; ok && now.Sub(last) < p.DemandWaitingEvery {
 			continue
 		}

@@ -28,19 +28,22 @@ type Watchdog struct {
 	// Retention bounds how long terminal records stay in the fold (law 5).
 	Retention time.Duration
 
-	fleet      *events.Fleet
-	heartbeats map[string]time.Time
-	pending    map[string]time.Time
-	mu         sync.Mutex
-	health     Health
-	wg         sync.WaitGroup
+	fleet       *events.Fleet
+	heartbeats  map[string]time.Time
+	pending     map[string]time.Time // condition key → when its fact was appended
+	pendingKey  map[string]string    // event id → condition key, until folded
+	lastCompact time.Time
+	mu          sync.Mutex
+	health      Health
+	wg          sync.WaitGroup
 }
 
 // Health is what /healthz reports for the watchdog.
 type Health struct {
-	Alarms   []events.AlarmView `json:"alarms"`
-	Waiting  int                `json:"jobs_waiting_for_slot"`
-	CaughtUp bool               `json:"caught_up"`
+	Alarms    []events.AlarmView   `json:"alarms"`
+	Abandoned []events.AbandonedVM `json:"abandoned_vms"`
+	Waiting   int                  `json:"jobs_waiting_for_slot"`
+	CaughtUp  bool                 `json:"caught_up"`
 }
 
 // New builds a watchdog.
@@ -52,7 +55,7 @@ func New(js jetstream.JetStream, app *eventlog.Appender, p Params, now func() ti
 		logger = slog.Default()
 	}
 	return &Watchdog{Loop: &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}}, log: app, js: js, params: p,
-		now: now, logger: logger, fleet: events.NewFleet(), heartbeats: map[string]time.Time{}, pending: map[string]time.Time{}}
+		now: now, logger: logger, fleet: events.NewFleet(), heartbeats: map[string]time.Time{}, pending: map[string]time.Time{}, pendingKey: map[string]string{}}
 }
 
 // Run drives the watchdog until ctx ends.
@@ -103,10 +106,13 @@ func (w *Watchdog) Apply(d eventlog.Delivered) {
 		return
 	}
 	w.fleet.Apply(d.Event)
-	delete(w.pending, d.Event.ID)
+	if key, ok := w.pendingKey[d.Event.ID]; ok {
+		delete(w.pending, key)
+		delete(w.pendingKey, d.Event.ID)
+	}
 }
 
-// Decide implements eventlog.Reactor.
+// Decide implements eventlog.Reactor. Releases go first (law 2).
 func (w *Watchdog) Decide(ctx context.Context) {
 	now := w.now()
 	plan := Decide(w.fleet, now, w.heartbeats, w.params)
@@ -120,48 +126,73 @@ func (w *Watchdog) Decide(ctx context.Context) {
 		if p := w.fleet.Pools[r.Pool]; p != nil {
 			expect = p.LastSeq
 		}
-		if err := w.append(ctx, now, r, &expect); errors.Is(err, eventlog.ErrConflict) {
+		if err := w.append(ctx, now, "", r, &expect); errors.Is(err, eventlog.ErrConflict) {
 			conflicted[r.Pool] = true
 		}
 	}
 	for _, p := range plan.Teardown {
-		w.append(ctx, now, p, nil)
+		w.append(ctx, now, "", p, nil)
 	}
 	for _, p := range plan.Abandon {
 		w.logger.Warn("teardown overran its deadline; VM abandoned", "attempt", p.Attempt, "host", p.Host, "after", p.After)
-		w.append(ctx, now, p, nil)
+		w.append(ctx, now, "", p, nil)
 	}
+	// Facts whose ids carry the time are kept from repeating, until the fold
+	// shows them, by a key per condition.
 	for _, p := range plan.Lost {
 		w.logger.Warn("host lost", "host", p.Host, "reason", p.Reason)
-		w.append(ctx, now, p, nil)
+		w.append(ctx, now, "lost/"+p.Host, p, nil)
+	}
+	for _, p := range plan.Cordon {
+		w.logger.Error("cordoning host", "host", p.Host, "reason", p.Reason)
+		w.append(ctx, now, "cordon/"+p.Host, p, nil)
+	}
+	for _, p := range plan.Uncordon {
+		w.logger.Info("lifting cordon", "host", p.Host, "reason", p.Reason)
+		w.append(ctx, now, "cordon/"+p.Host, p, nil)
 	}
 	for _, p := range plan.Demand {
 		w.logger.Warn("demand waiting for a slot", "pool", p.Pool, "jobs", p.Jobs, "oldest_job", p.OldestJobID,
 			"waited", p.Waited.Round(time.Second), "reason", p.Reason)
-		w.append(ctx, now, p, nil)
+		w.append(ctx, now, "demand/"+p.Pool, p, nil)
 	}
 	for _, p := range plan.Raise {
 		w.logger.Error("alarm", "key", p.Key, "pool", p.Pool, "message", p.Message)
-		w.append(ctx, now, p, nil)
+		w.append(ctx, now, "alarm/"+p.Key, p, nil)
 	}
 	for _, p := range plan.Clear {
-		w.append(ctx, now, p, nil)
+		w.append(ctx, now, "alarm/"+p.Key, p, nil)
 	}
-	if w.Retention > 0 {
-		w.fleet.Compact(now, w.Retention)
-	}
+	w.housekeep(now)
 	st := w.fleet.Status()
 	waiting := 0
 	for _, p := range st.Pools {
 		waiting += p.WaitingForSlot
 	}
 	w.mu.Lock()
-	if st.Alarms == nil {
-		st.Alarms = []events.AlarmView{}
-	}
-	w.health = Health{Alarms: st.Alarms, Waiting: waiting, CaughtUp: w.Loop.CaughtUp()}
+	w.health = Health{Alarms: st.Alarms, Waiting: waiting, CaughtUp: w.Loop.CaughtUp(), Abandoned: st.Abandoned}
 	w.mu.Unlock()
 }
+
+// housekeep compacts the fold and expires in-flight marks (law 5).
+func (w *Watchdog) housekeep(now time.Time) {
+	if now.Sub(w.lastCompact) < time.Minute {
+		return
+	}
+	w.lastCompact = now
+	if w.Retention > 0 {
+		w.fleet.Compact(now, w.Retention)
+	}
+	for k, at := range w.pending {
+		if now.Sub(at) >= pendingFor {
+			delete(w.pending, k)
+		}
+	}
+}
+
+// pendingFor is how long an appended fact is trusted to reach the fold
+// before the watchdog appends it again.
+const pendingFor = 10 * time.Second
 
 // Health returns the latest health view (safe from any goroutine).
 func (w *Watchdog) Health() Health {
@@ -170,9 +201,12 @@ func (w *Watchdog) Health() Health {
 	return w.health
 }
 
-func (w *Watchdog) append(ctx context.Context, now time.Time, p events.Payload, expect *uint64) error {
+func (w *Watchdog) append(ctx context.Context, now time.Time, key string, p events.Payload, expect *uint64) error {
 	ev := w.log.New(now, p)
-	if at, ok := w.pending[ev.ID]; ok && now.Sub(at) < 10*time.Second {
+	if key == "" {
+		key = ev.ID
+	}
+	if at, ok := w.pending[key]; ok && now.Sub(at) < pendingFor {
 		return nil
 	}
 	seq, _, err := w.log.Append(ctx, ev, expect)
@@ -182,7 +216,8 @@ func (w *Watchdog) append(ctx context.Context, now time.Time, p events.Payload, 
 		}
 		return err
 	}
-	w.pending[ev.ID] = now
+	w.pending[key] = now
+	w.pendingKey[ev.ID] = key
 	if expect != nil {
 		if r, ok := p.(events.SlotReleased); ok {
 			if pl := w.fleet.Pools[r.Pool]; pl != nil && seq > pl.LastSeq {

@@ -85,7 +85,7 @@ func (a *Attempt) Terminal() bool {
 
 func failureReason(r string) bool {
 	switch r {
-	case ReleaseProvisionTimeout, ReleaseCreateFailed, ReleaseMintFailed:
+	case ReleaseProvisionTimeout, ReleaseRegistration, ReleaseCreateFailed, ReleaseMintFailed:
 		return true
 	}
 	return false

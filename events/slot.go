@@ -2,13 +2,14 @@ package events
 
 // Release reasons: why demand ended for a reservation.
 const (
-	ReleaseCompleted        = "completed"         // the job this attempt ran completed
-	ReleaseSurplus          = "surplus"           // demand for the pool fell below its unbound runners (a job was cancelled before a runner took it)
-	ReleaseProvisionTimeout = "provision_timeout" // no runner came online before the provisioning deadline
-	ReleaseCreateFailed     = "create_failed"     // the backend's create step failed or was abandoned
-	ReleaseMintFailed       = "mint_failed"       // GitHub refused the JIT config
-	ReleaseHostLost         = "host_lost"         // the host stopped heartbeating
-	ReleaseMaxDuration      = "max_duration"      // the job ran past its maximum duration
+	ReleaseCompleted        = "completed"            // the job this attempt ran completed
+	ReleaseSurplus          = "surplus"              // demand for the pool fell below its unbound runners (a job was cancelled before a runner took it)
+	ReleaseProvisionTimeout = "provision_timeout"    // no runner came online before the provisioning deadline
+	ReleaseRegistration     = "registration_timeout" // the runner started but never took a job
+	ReleaseCreateFailed     = "create_failed"        // the backend's create step failed or was abandoned
+	ReleaseMintFailed       = "mint_failed"          // GitHub refused the JIT config
+	ReleaseHostLost         = "host_lost"            // the host stopped heartbeating
+	ReleaseMaxDuration      = "max_duration"         // the job ran past its maximum duration
 )
 
 // SlotReserved books one slot of Pool on Host for a new attempt, before any

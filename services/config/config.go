@@ -68,6 +68,9 @@ type Watchdog struct {
 	// ProvisionTimeout: placed → runner started, or the slot is released and
 	// the job placed again.
 	ProvisionTimeout time.Duration `yaml:"provision_timeout"`
+	// RegistrationTimeout: runner started → took a job, or the slot is
+	// released and the job placed again (scenario BL-11).
+	RegistrationTimeout time.Duration `yaml:"registration_timeout"`
 	// TeardownTimeout: teardown requested → stopped, or the VM is abandoned.
 	TeardownTimeout time.Duration `yaml:"teardown_timeout"`
 	// HostTTL: a host whose heartbeat is older is lost.
@@ -160,6 +163,7 @@ func (c *Config) Defaults() {
 	or(&w.Listen, "127.0.0.1:8081")
 	or(&w.ProvisionTimeout, 10*time.Minute)
 	or(&w.TeardownTimeout, 5*time.Minute)
+	or(&w.RegistrationTimeout, 10*time.Minute)
 	or(&w.HostTTL, 30*time.Second)
 	or(&w.DemandWaitingAfter, 30*time.Second)
 	or(&w.DemandWaitingEvery, 5*time.Minute)

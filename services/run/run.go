@@ -249,7 +249,8 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 	logger = logger.With("service", "watchdog")
 	wc := cfg.Watchdog
 	w := watchdog.New(js, &eventlog.Appender{JS: js, Source: "berth/watchdog"}, watchdog.Params{
-		ProvisionTimeout: wc.ProvisionTimeout, TeardownTimeout: wc.TeardownTimeout, HostTTL: wc.HostTTL,
+		ProvisionTimeout: wc.ProvisionTimeout, RegistrationTimeout: wc.RegistrationTimeout,
+		TeardownTimeout: wc.TeardownTimeout, HostTTL: wc.HostTTL,
 		DemandWaitingAfter: wc.DemandWaitingAfter, DemandWaitingEvery: wc.DemandWaitingEvery, LeakGrace: wc.LeakGrace,
 		AbandonedCap: wc.AbandonedCap,
 	}, time.Now, logger)

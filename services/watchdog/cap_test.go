@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/watchdog"
 )
 
 // abandon: job id ran on h, completed, its slot was released, and its stop
@@ -92,4 +93,36 @@ func TestLeakAlarmIsScopedToThePoolThatLeaks(t *testing.T) {
 	if len(plan.Raise) != 1 || plan.Raise[0].Pool != "linux" {
 		t.Fatalf("want one alarm for linux only: %+v", plan.Raise)
 	}
+}
+
+// Given a VM whose runner started but never takes a job while its pool has
+// demand (BL-11: the boot script failed after the runner process started),
+// when the registration deadline passes, then its slot is released and the
+// VM torn down, so the job can be placed again; a runner bound to a job is
+// never touched.
+func TestARunnerThatNeverTakesAJobIsReleasedAtTheRegistrationDeadline(t *testing.T) {
+	p := params
+	p.RegistrationTimeout = 5 * time.Minute
+	r := aref(1, "h-a")
+	l := given().at(0, host("h-a")).at(time.Minute, placed(1, "h-a")...)
+	l.at(time.Minute, &events.AttemptProvisioning{AttemptRef: r}, &events.AttemptRunnerStarted{AttemptRef: r})
+	if plan := decideWith(l, time.Minute+p.RegistrationTimeout-time.Second, p); len(plan.Release) != 0 {
+		t.Fatalf("before the deadline: %+v", plan.Release)
+	}
+	plan := decideWith(l, time.Minute+p.RegistrationTimeout+time.Second, p)
+	if got := released(plan.Release); got[r.Attempt] != events.ReleaseRegistration || len(plan.Teardown) != 1 {
+		t.Fatalf("after the deadline: release %v teardown %+v", got, plan.Teardown)
+	}
+	l.at(2*time.Minute, &events.JobInProgress{JobRef: job(1), RunnerName: r.Attempt})
+	if plan := decideWith(l, time.Hour, p); len(plan.Release) != 0 {
+		t.Fatalf("bound runner released: %+v", plan.Release)
+	}
+}
+
+func decideWith(l *log, d time.Duration, p watchdog.Params) watchdog.Plan {
+	beats := map[string]time.Time{}
+	for h := range l.f.Hosts {
+		beats[h] = t0.Add(d)
+	}
+	return watchdog.Decide(l.f, t0.Add(d), beats, p)
 }

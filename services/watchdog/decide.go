@@ -14,11 +14,15 @@ import (
 
 // Params are the watchdog's deadlines.
 type Params struct {
-	ProvisionTimeout   time.Duration
-	TeardownTimeout    time.Duration
-	HostTTL            time.Duration
-	DemandWaitingAfter time.Duration
-	DemandWaitingEvery time.Duration
+	ProvisionTimeout time.Duration
+	// RegistrationTimeout: a runner that started but took no job for this
+	// long is broken (GitHub hands an online runner any queued job of its
+	// labels, and surplus runners are released anyway), so its slot goes back.
+	RegistrationTimeout time.Duration
+	TeardownTimeout     time.Duration
+	HostTTL             time.Duration
+	DemandWaitingAfter  time.Duration
+	DemandWaitingEvery  time.Duration
 	// LeakGrace: a pool whose held slots exceed the live attempts that
 	// account for them for this long raises a slot-leak alarm (15 min).
 	LeakGrace time.Duration
@@ -89,6 +93,8 @@ func Decide(f *events.Fleet, now time.Time, heartbeats map[string]time.Time, p P
 			plan.release(a, events.ReleaseHostLost)
 		case a.Held() && bound == 0 && !a.RunnerStarted && !a.Failed && now.Sub(a.ReservedAt) > p.ProvisionTimeout:
 			plan.release(a, events.ReleaseProvisionTimeout)
+		case a.Held() && bound == 0 && a.RunnerStarted && p.RegistrationTimeout > 0 && now.Sub(a.RunnerStartedAt) > p.RegistrationTimeout:
+			plan.release(a, events.ReleaseRegistration)
 		case a.TeardownReq && !a.Stopped && !a.Abandoned && now.Sub(a.TeardownAt) > p.TeardownTimeout:
 			plan.Abandon = append(plan.Abandon, events.AttemptAbandoned{AttemptRef: ref, Step: "stop", After: p.TeardownTimeout})
 		}

@@ -119,7 +119,7 @@ func Config(o Options, root, runner, simURL, dispAddr, secret string) *config.Co
 		NATS:    config.NATS{Listen: o.NATSListen},
 		Dispatcher: config.Dispatcher{Listen: dispAddr, WebhookSecret: secret,
 			GitHub: config.GitHub{APIURL: simURL, Token: "sim-token", Scope: "org", Org: "example-org"}},
-		Watchdog: config.Watchdog{Listen: "127.0.0.1:0", ProvisionTimeout: 30 * time.Second, TeardownTimeout: 30 * time.Second,
+		Watchdog: config.Watchdog{Listen: "127.0.0.1:0", ProvisionTimeout: 30 * time.Second, RegistrationTimeout: 30 * time.Second, TeardownTimeout: 30 * time.Second,
 			HostTTL: 10 * time.Second, DemandWaitingAfter: 30 * time.Second, DemandWaitingEvery: time.Minute},
 		Agents: []config.Agent{agent("host-a"), agent("host-b")},
 	}

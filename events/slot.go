@@ -9,8 +9,15 @@ const (
 	ReleaseCreateFailed     = "create_failed"        // the backend's create step failed or was abandoned
 	ReleaseMintFailed       = "mint_failed"          // GitHub refused the JIT config
 	ReleaseHostLost         = "host_lost"            // the host stopped heartbeating
+	ReleaseHostDraining     = "host_draining"        // the host drains: its bookings and idle runners go back
+	ReleaseHostCordoned     = "host_cordoned"        // the host was cordoned before the booking got a VM
 	ReleaseMaxDuration      = "max_duration"         // the job ran past its maximum duration
 )
+
+// StepDrain is the failed step of a placement an agent refused because its
+// host is draining; the release that follows does not count as a failed
+// attempt of the job (a drain never spends a job's attempts).
+const StepDrain = "drain"
 
 // SlotReserved books one slot of Pool on Host for a new attempt, before any
 // runner registration exists (law 1). JobID is the job the attempt is minted

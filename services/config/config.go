@@ -97,6 +97,9 @@ type Agent struct {
 	Backend     Backend         `yaml:"backend"`
 	// Heartbeat is how often the agent proves it is alive.
 	Heartbeat time.Duration `yaml:"heartbeat"`
+	// ShutdownTimeout: on SIGTERM the host drains; running jobs may finish
+	// for this long before their VMs are stopped.
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 }
 
 // Pool is what a host offers one pool.
@@ -173,6 +176,7 @@ func (c *Config) Defaults() {
 	for i := range c.Agents {
 		a := &c.Agents[i]
 		or(&a.Heartbeat, 5*time.Second)
+		or(&a.ShutdownTimeout, 10*time.Minute)
 		or(&a.Backend.Kind, "exec")
 		or(&a.Backend.Exec.CreateTimeout, 5*time.Minute)
 		or(&a.Backend.Exec.StopTimeout, 2*time.Minute)

@@ -65,6 +65,14 @@ func Decide(f *events.Fleet, p Params) Plan {
 		switch {
 		case a.Held() && bound != 0 && f.Jobs[bound] != nil && f.Jobs[bound].Status == events.StatusCompleted:
 			plan.Release = append(plan.Release, release(a, events.ReleaseCompleted))
+		case a.Held() && a.Failed && a.FailedStep == events.StepDrain:
+			plan.Release = append(plan.Release, release(a, events.ReleaseHostDraining))
+		case a.Held() && bound == 0 && hostWithdrawn(f, a) != "":
+			// A cordon or a drain takes back bookings that have no VM yet
+			// (BL-32: a decision made before the cordon is stale after it),
+			// and a drain also idle runners, which GitHub would otherwise
+			// hand a new job. Neither spends the job's attempts.
+			plan.Release = append(plan.Release, release(a, hostWithdrawn(f, a)))
 		case a.Held() && (a.Failed || (a.Abandoned && !a.RunnerStarted)):
 			// A create that failed or overran its deadline ends this
 			// attempt's claim on demand; its VM, if any, stays counted on
@@ -145,6 +153,20 @@ func Decide(f *events.Fleet, p Params) Plan {
 		plan.Mint = mint
 	}
 	return plan
+}
+
+// hostWithdrawn says why an unbound attempt's host no longer takes it, or "".
+func hostWithdrawn(f *events.Fleet, a *events.Attempt) string {
+	h := f.Hosts[a.Host]
+	switch {
+	case h == nil:
+		return ""
+	case h.State == events.HostStateDraining:
+		return events.ReleaseHostDraining
+	case h.Cordoned && !a.Placed:
+		return events.ReleaseHostCordoned
+	}
+	return ""
 }
 
 // pickHost returns the accepting host with the most free slots in pool and

@@ -292,7 +292,7 @@ func Agent(ctx context.Context, s *System, cfg *config.Config, ac config.Agent, 
 	be := exec.New(ac.Backend.Exec.Create, ac.Backend.Exec.Stop, ac.Backend.Exec.Env)
 	a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/" + ac.Host}, be, vmagent.Options{
 		Host: ac.Host, Pools: pools, PhysicalCap: ac.PhysicalCap, DataDir: filepath.Join(cfg.DataDir, "agents", ac.Host),
-		CreateTimeout: ac.Backend.Exec.CreateTimeout, StopTimeout: ac.Backend.Exec.StopTimeout, Heartbeat: ac.Heartbeat, Logger: logger,
+		CreateTimeout: ac.Backend.Exec.CreateTimeout, StopTimeout: ac.Backend.Exec.StopTimeout, Heartbeat: ac.Heartbeat, ShutdownTimeout: ac.ShutdownTimeout, Logger: logger,
 	})
 	if err != nil {
 		nc.Close()

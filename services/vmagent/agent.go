@@ -44,6 +44,9 @@ type Options struct {
 	CreateTimeout time.Duration
 	StopTimeout   time.Duration
 	Heartbeat     time.Duration
+	// ShutdownTimeout is how long a drain (SIGTERM) lets running jobs
+	// finish before their VMs are stopped; 0 stops at once without a drain.
+	ShutdownTimeout time.Duration
 	// RetryBase is the first wait before a failed or overrun stop is tried
 	// again; it doubles up to 5 min. 0 means 5 s.
 	RetryBase time.Duration
@@ -66,8 +69,10 @@ type Agent struct {
 	stopping map[string]bool      // attempts whose stop step is running
 	appended map[string]time.Time // facts appended, not yet folded → when
 	retry    map[string]*backoff  // attempts whose stop failed or overran → when to try again
-	lastHK   time.Time
-	wg       sync.WaitGroup
+	// draining: refuse new creates; forceStop: stop every live VM (drain timeout).
+	draining, forceStop bool
+	lastHK              time.Time
+	wg                  sync.WaitGroup
 }
 
 // New builds an agent. The curve key that JIT configs are sealed to is kept
@@ -130,10 +135,84 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("heartbeat bucket: %w", err)
 	}
-	a.wg.Add(1)
-	go a.heartbeat(ctx, kv)
 	a.opts.Logger.Info("agent online", "pools", len(a.opts.Pools), "physical_cap", a.opts.PhysicalCap, "backend", a.backend.Name())
-	return a.Loop.Run(ctx, a)
+	if a.opts.ShutdownTimeout <= 0 {
+		a.wg.Add(1)
+		go a.heartbeat(ctx, kv)
+		return a.Loop.Run(ctx, a)
+	}
+	// With a drain, the loop and the heartbeat outlive ctx (the SIGTERM) until
+	// the drain is over.
+	life, endLife := context.WithCancel(context.WithoutCancel(ctx))
+	defer endLife()
+	a.wg.Add(1)
+	go a.heartbeat(life, kv)
+	loopErr := make(chan error, 1)
+	go func() { loopErr <- a.Loop.Run(life, a) }()
+	select {
+	case err := <-loopErr:
+		return err
+	case <-ctx.Done():
+	}
+	a.drain(life)
+	endLife()
+	return <-loopErr
+}
+
+// drain takes the host out of service (DESIGN: SIGTERM on an agent): it
+// appends "host draining" so nothing new is placed here, lets running jobs
+// finish for up to ShutdownTimeout (a booting VM counts as active), then
+// stops what is left, each stop bounded by StopTimeout.
+func (a *Agent) drain(ctx context.Context) {
+	logger := a.opts.Logger
+	at := a.opts.Now()
+	ev := a.log.New(at, events.HostDraining{HostChange: events.HostChange{Host: a.opts.Host, At: at, By: "vmagent",
+		Reason: "agent received SIGTERM; running jobs may finish for up to " + a.opts.ShutdownTimeout.String()}})
+	if _, _, err := a.log.Append(ctx, ev, nil); err != nil {
+		logger.Warn("could not announce the drain; stopping anyway", "err", err)
+	}
+	a.Loop.Post(ctx, func() { a.draining = true })
+	deadline := time.Now().Add(a.opts.ShutdownTimeout)
+	logger.Info("draining", "active", a.active(ctx), "timeout", a.opts.ShutdownTimeout)
+	for last := time.Now(); a.active(ctx) > 0 && time.Now().Before(deadline); {
+		if time.Since(last) > 10*time.Second {
+			logger.Info("draining: waiting for running jobs", "active", a.active(ctx), "left", time.Until(deadline).Round(time.Second))
+			last = time.Now()
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := a.active(ctx); n > 0 {
+		logger.Warn("drain timeout: stopping the VMs still running", "active", n)
+		a.Loop.Post(ctx, func() { a.forceStop = true })
+		end := time.Now().Add(a.opts.StopTimeout + time.Second)
+		for a.active(ctx) > 0 && time.Now().Before(end) {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	logger.Info("drained", "left", a.active(ctx))
+}
+
+// active counts this host's VMs that exist or are being created, read on
+// the loop.
+func (a *Agent) active(ctx context.Context) int {
+	n := -1
+	done := make(chan struct{})
+	a.Loop.Post(ctx, func() {
+		n = len(a.creating)
+		for _, at := range a.fleet.Attempts {
+			if at.Host == a.opts.Host && at.VMLive() && !at.Abandoned && !a.creating[at.ID] {
+				n++
+			}
+		}
+		close(done)
+	})
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return 0
+	case <-time.After(5 * time.Second):
+	}
+	return n
 }
 
 func (a *Agent) heartbeat(ctx context.Context, kv jetstream.KeyValue) {
@@ -180,8 +259,16 @@ func (a *Agent) Decide(ctx context.Context) {
 			continue
 		}
 		switch {
+		case at.Placed && !a.provisioned(at) && !at.TeardownReq && !a.creating[at.ID] && a.draining:
+			// Placed before the drain was seen: give the slot back without
+			// spending one of the job's attempts.
+			if _, ok := a.appended[events.AttemptFailed{AttemptRef: ref(at)}.EventID()]; !ok && !at.Failed {
+				a.append(ctx, events.AttemptFailed{AttemptRef: ref(at), Step: events.StepDrain, Error: "host draining"})
+			}
 		case at.Placed && !a.provisioned(at) && !at.TeardownReq && !a.creating[at.ID]:
 			a.startCreate(ctx, at)
+		case a.forceStop && at.VMLive() && !at.Stopped && !a.creating[at.ID] && !a.stopping[at.ID] && !a.stopAppended(at):
+			a.startStop(ctx, at)
 		case (at.TeardownReq || at.Abandoned) && !at.Stopped && !a.creating[at.ID] && !a.stopping[at.ID] && !a.stopAppended(at):
 			if !a.provisioned(at) {
 				// Nothing was created: the teardown is already done.

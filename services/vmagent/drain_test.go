@@ -1,0 +1,67 @@
+package vmagent_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/vmagent"
+)
+
+// Given an agent with a drain timeout and a VM running a job, when it gets
+// SIGTERM (its context ends), then it announces "host draining", keeps
+// serving its running VM, refuses a placement that arrives during the drain
+// without spending the job's attempts, and exits once the job's teardown has
+// stopped the VM.
+func TestSigtermDrainsRunningJobsThenExits(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(o *vmagent.Options) { o.ShutdownTimeout = time.Minute })
+	const running, late = "berth-401-1", "berth-402-1"
+	h.place(t, h.host, running, 401, []byte("jit"))
+	h.wait(t, running, events.TypeAttemptRunnerStarted)
+
+	stopped := make(chan struct{})
+	go func() { h.stop(); close(stopped) }()
+	h.waitN(t, "host draining", 1, func(e events.Event) bool { _, ok := e.Data.(*events.HostDraining); return ok })
+
+	h.place(t, h.host, late, 402, []byte("jit"))
+	f := h.wait(t, late, events.TypeAttemptFailed).Data.(*events.AttemptFailed)
+	if f.Step != events.StepDrain {
+		t.Errorf("placement during a drain failed at step %q, want %q", f.Step, events.StepDrain)
+	}
+	if n := len(h.be.callsTo("create", late)); n != 0 {
+		t.Errorf("created %d VMs on a draining host", n)
+	}
+	select {
+	case <-stopped:
+		t.Fatal("agent exited while a job was still running")
+	case <-time.After(300 * time.Millisecond):
+	}
+
+	h.teardown(t, running) // the job completed: the dispatcher released and asked for teardown
+	h.wait(t, running, events.TypeAttemptStopped)
+	select {
+	case <-stopped:
+	case <-time.After(waitLimit):
+		t.Fatal("agent did not exit after its last VM stopped")
+	}
+}
+
+// Given a drain whose running job outlives the shutdown timeout, the agent
+// stops the VM itself (bounded) and exits.
+func TestDrainTimeoutStopsWhatIsLeft(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(o *vmagent.Options) { o.ShutdownTimeout = 300 * time.Millisecond })
+	const a = "berth-403-1"
+	h.place(t, h.host, a, 403, []byte("jit"))
+	h.wait(t, a, events.TypeAttemptRunnerStarted)
+	start := time.Now()
+	h.stop()
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("drain took %v with a 300ms shutdown timeout", took)
+	}
+	h.wait(t, a, events.TypeAttemptStopped)
+	if n := len(h.be.callsTo("stop", a)); n != 1 {
+		t.Errorf("stop called %d times, want 1", n)
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"github.com/berth-ci/berth/events"
 )
 
-
 // Given a job booked on a host that is then cordoned before the booking got
 // a VM (BL-32: a decision made before the cordon is stale after it), when
 // the dispatcher decides, then the booking goes back with reason

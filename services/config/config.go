@@ -73,6 +73,10 @@ type Watchdog struct {
 	RegistrationTimeout time.Duration `yaml:"registration_timeout"`
 	// TeardownTimeout: teardown requested → stopped, or the VM is abandoned.
 	TeardownTimeout time.Duration `yaml:"teardown_timeout"`
+	// MaxJobDuration: in progress longer than this, the job's slot is
+	// released and its VM torn down (GitHub's own limit for self-hosted jobs
+	// is 5 days).
+	MaxJobDuration time.Duration `yaml:"max_job_duration"`
 	// HostTTL: a host whose heartbeat is older is lost.
 	HostTTL time.Duration `yaml:"host_ttl"`
 	// DemandWaitingAfter and DemandWaitingEvery pace "demand waiting" reports.
@@ -167,6 +171,7 @@ func (c *Config) Defaults() {
 	or(&w.ProvisionTimeout, 10*time.Minute)
 	or(&w.TeardownTimeout, 5*time.Minute)
 	or(&w.RegistrationTimeout, 10*time.Minute)
+	or(&w.MaxJobDuration, 5*24*time.Hour)
 	or(&w.HostTTL, 30*time.Second)
 	or(&w.DemandWaitingAfter, 30*time.Second)
 	or(&w.DemandWaitingEvery, 5*time.Minute)

@@ -250,7 +250,7 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 	wc := cfg.Watchdog
 	w := watchdog.New(js, &eventlog.Appender{JS: js, Source: "berth/watchdog"}, watchdog.Params{
 		ProvisionTimeout: wc.ProvisionTimeout, RegistrationTimeout: wc.RegistrationTimeout,
-		TeardownTimeout: wc.TeardownTimeout, HostTTL: wc.HostTTL,
+		TeardownTimeout: wc.TeardownTimeout, MaxJobDuration: wc.MaxJobDuration, HostTTL: wc.HostTTL,
 		DemandWaitingAfter: wc.DemandWaitingAfter, DemandWaitingEvery: wc.DemandWaitingEvery, LeakGrace: wc.LeakGrace,
 		AbandonedCap: wc.AbandonedCap,
 	}, time.Now, logger)

@@ -126,3 +126,19 @@ func decideWith(l *log, d time.Duration, p watchdog.Params) watchdog.Plan {
 	}
 	return watchdog.Decide(l.f, t0.Add(d), beats, p)
 }
+
+// Given a job that has been in progress longer than the maximum job
+// duration, its slot is released (max_duration) and its VM torn down; a job
+// within the limit is left alone.
+func TestAJobPastItsMaximumDurationIsReleased(t *testing.T) {
+	p := params
+	p.MaxJobDuration = time.Hour
+	l := given().at(0, host("h-a")).at(time.Minute, running(1, "h-a")...)
+	if plan := decideWith(l, time.Minute+time.Hour-time.Second, p); len(plan.Release) != 0 {
+		t.Fatalf("within the limit: %+v", plan.Release)
+	}
+	plan := decideWith(l, time.Minute+time.Hour+time.Second, p)
+	if got := released(plan.Release); got[events.AttemptID(1, 1)] != events.ReleaseMaxDuration || len(plan.Teardown) != 1 {
+		t.Fatalf("past the limit: release %v teardown %+v", got, plan.Teardown)
+	}
+}

@@ -20,9 +20,13 @@ type Params struct {
 	// labels, and surplus runners are released anyway), so its slot goes back.
 	RegistrationTimeout time.Duration
 	TeardownTimeout     time.Duration
-	HostTTL             time.Duration
-	DemandWaitingAfter  time.Duration
-	DemandWaitingEvery  time.Duration
+	// MaxJobDuration: a job in progress longer than this is over (GitHub
+	// ends self-hosted jobs after 5 days of execution): its slot is released
+	// and its VM torn down. 0 disables.
+	MaxJobDuration     time.Duration
+	HostTTL            time.Duration
+	DemandWaitingAfter time.Duration
+	DemandWaitingEvery time.Duration
 	// LeakGrace: a pool whose held slots exceed the live attempts that
 	// account for them for this long raises a slot-leak alarm (15 min).
 	LeakGrace time.Duration
@@ -95,6 +99,8 @@ func Decide(f *events.Fleet, now time.Time, heartbeats map[string]time.Time, p P
 			plan.release(a, events.ReleaseProvisionTimeout)
 		case a.Held() && bound == 0 && a.RunnerStarted && p.RegistrationTimeout > 0 && now.Sub(a.RunnerStartedAt) > p.RegistrationTimeout:
 			plan.release(a, events.ReleaseRegistration)
+		case a.Held() && bound != 0 && p.MaxJobDuration > 0 && overran(f.Jobs[bound], now, p.MaxJobDuration):
+			plan.release(a, events.ReleaseMaxDuration)
 		case a.TeardownReq && !a.Stopped && !a.Abandoned && now.Sub(a.TeardownAt) > p.TeardownTimeout:
 			plan.Abandon = append(plan.Abandon, events.AttemptAbandoned{AttemptRef: ref, Step: "stop", After: p.TeardownTimeout})
 		}
@@ -107,6 +113,10 @@ func Decide(f *events.Fleet, now time.Time, heartbeats map[string]time.Time, p P
 	plan.leakAlarms(f, now, leaks)
 	plan.Demand = waiting(f, now, p)
 	return plan
+}
+
+func overran(j *events.Job, now time.Time, limit time.Duration) bool {
+	return j != nil && j.Status == events.StatusInProgress && !j.StartedAt.IsZero() && now.Sub(j.StartedAt) > limit
 }
 
 // abandonedCap cordons a host at the abandoned-VM cap and lifts its own

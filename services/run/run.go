@@ -256,6 +256,7 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 	}, time.Now, logger)
 	w.Retention = wc.Retention
 	reg := registry()
+	w.Metrics = watchdog.NewMetrics(reg)
 	mux := httpx.Mux(reg, func() (bool, any) {
 		ok, detail := loopHealthy(w.Loop)
 		h := w.Health()

@@ -27,6 +27,8 @@ type Watchdog struct {
 	logger *slog.Logger
 	// Retention bounds how long terminal records stay in the fold (law 5).
 	Retention time.Duration
+	// Metrics, when set, receives the fleet gauges after every decision.
+	Metrics *Metrics
 
 	fleet       *events.Fleet
 	heartbeats  map[string]time.Time
@@ -165,6 +167,7 @@ func (w *Watchdog) Decide(ctx context.Context) {
 	}
 	w.housekeep(now)
 	st := w.fleet.Status()
+	w.Metrics.observe(st)
 	waiting := 0
 	for _, p := range st.Pools {
 		waiting += p.WaitingForSlot

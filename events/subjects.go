@@ -65,3 +65,10 @@ func ValidName(kind, s string) error {
 func AttemptID(jobID int64, n int) string {
 	return "berth-" + strconv.FormatInt(jobID, 10) + "-" + strconv.Itoa(n)
 }
+
+var attemptRE = regexp.MustCompile(`^berth-[0-9]+-[0-9]+$`)
+
+// IsAttemptID reports whether s has the shape AttemptID makes. An inventory
+// sweep only ever touches VMs whose names have it: anything else on a host
+// is not Berth's to stop.
+func IsAttemptID(s string) bool { return attemptRE.MatchString(s) }

@@ -6,10 +6,21 @@
 #
 # Usage (from an agent's config):  create: [sh, deploy/exec/sim-runner.sh, create]
 #                                  stop:   [sh, deploy/exec/sim-runner.sh, stop]
+#                                  list:   [sh, deploy/exec/sim-runner.sh, list]
 # Environment: the exec backend's BERTH_* variables, plus BERTH_SIM_RUNNER,
 # the path of the ghsim binary.
 set -eu
 step="${1:-${BERTH_STEP:?no step given}}"
+if [ "$step" = list ]; then
+	# The inventory: every attempt whose runner process is alive.
+	for pidfile in "${BERTH_ATTEMPTS_DIR:?}"/*/runner.pid; do
+		[ -f "$pidfile" ] || continue
+		if kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+			basename "$(dirname "$pidfile")"
+		fi
+	done
+	exit 0
+fi
 pidfile="$BERTH_WORK_DIR/runner.pid"
 case "$step" in
 create)

@@ -120,9 +120,12 @@ type Backend struct {
 
 // Exec runs operator commands for each lifecycle step (see the exec backend).
 type Exec struct {
-	Create []string          `yaml:"create"`
-	Stop   []string          `yaml:"stop"`
-	Env    map[string]string `yaml:"env"`
+	Create []string `yaml:"create"`
+	Stop   []string `yaml:"stop"`
+	// List, optional, prints the attempt ids of the VMs that exist; it
+	// enables the orphan sweep.
+	List []string          `yaml:"list"`
+	Env  map[string]string `yaml:"env"`
 	// CreateTimeout and StopTimeout bound each step (law 3).
 	CreateTimeout time.Duration `yaml:"create_timeout"`
 	StopTimeout   time.Duration `yaml:"stop_timeout"`

@@ -290,9 +290,11 @@ func Agent(ctx context.Context, s *System, cfg *config.Config, ac config.Agent, 
 	for name, p := range ac.Pools {
 		pools[name] = events.PoolSlots{Labels: events.NormalizeLabels(p.Labels), Slots: p.Slots}
 	}
-	be := exec.New(ac.Backend.Exec.Create, ac.Backend.Exec.Stop, ac.Backend.Exec.Env)
+	dataDir := filepath.Join(cfg.DataDir, "agents", ac.Host)
+	be := exec.New(ac.Backend.Exec.Create, ac.Backend.Exec.Stop, ac.Backend.Exec.Env).
+		WithList(ac.Backend.Exec.List, filepath.Join(dataDir, "attempts"))
 	a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/" + ac.Host}, be, vmagent.Options{
-		Host: ac.Host, Pools: pools, PhysicalCap: ac.PhysicalCap, DataDir: filepath.Join(cfg.DataDir, "agents", ac.Host),
+		Host: ac.Host, Pools: pools, PhysicalCap: ac.PhysicalCap, DataDir: dataDir,
 		CreateTimeout: ac.Backend.Exec.CreateTimeout, StopTimeout: ac.Backend.Exec.StopTimeout, Heartbeat: ac.Heartbeat, ShutdownTimeout: ac.ShutdownTimeout, Logger: logger,
 	})
 	if err != nil {

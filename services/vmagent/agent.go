@@ -47,6 +47,11 @@ type Options struct {
 	// ShutdownTimeout is how long a drain (SIGTERM) lets running jobs
 	// finish before their VMs are stopped; 0 stops at once without a drain.
 	ShutdownTimeout time.Duration
+	// InventoryEvery is how often the backend's real inventory is read
+	// (also once at start); 0 means 1 min. OrphanGrace is how long a VM no
+	// live attempt owns may stay before it is stopped; 0 means 2 min.
+	InventoryEvery time.Duration
+	OrphanGrace    time.Duration
 	// RetryBase is the first wait before a failed or overrun stop is tried
 	// again; it doubles up to 5 min. 0 means 5 s.
 	RetryBase time.Duration
@@ -71,6 +76,7 @@ type Agent struct {
 	retry    map[string]*backoff  // attempts whose stop failed or overran → when to try again
 	// draining: refuse new creates; forceStop: stop every live VM (drain timeout).
 	draining, forceStop bool
+	sweep               sweep
 	lastHK              time.Time
 	wg                  sync.WaitGroup
 }
@@ -281,6 +287,7 @@ func (a *Agent) Decide(ctx context.Context) {
 			a.startStop(ctx, at)
 		}
 	}
+	a.inventory(ctx, now)
 	a.housekeep(now)
 }
 

@@ -50,9 +50,12 @@ type fakeBackend struct {
 	release chan struct{} // closed at cleanup: wedged calls return
 	late    chan struct{} // closed by a test: wedgeThenSucceed calls return nil
 
-	mu    sync.Mutex
-	plan  map[string]behaviour // "create/<attempt>" or "stop/<attempt>"
-	calls map[string][]call
+	mu   sync.Mutex
+	plan map[string]behaviour // "create/<attempt>" or "stop/<attempt>"
+	// inventory is what List returns; listErr fails it.
+	inventory []string
+	listErr   error
+	calls     map[string][]call
 }
 
 func newFakeBackend() *fakeBackend {
@@ -64,6 +67,16 @@ func (f *fakeBackend) Name() string { return "fake" }
 func (f *fakeBackend) Create(ctx context.Context, vm backend.VM) error { return f.do("create", vm) }
 
 func (f *fakeBackend) Stop(ctx context.Context, vm backend.VM) error { return f.do("stop", vm) }
+
+// List reports the VMs a test put in inventory.
+func (f *fakeBackend) List(ctx context.Context) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.listErr != nil {
+		return nil, f.listErr
+	}
+	return append([]string(nil), f.inventory...), nil
+}
 
 func (f *fakeBackend) do(step string, vm backend.VM) error {
 	c := call{vm: vm}

@@ -4,7 +4,14 @@
 // when it ends.
 package backend
 
-import "context"
+import (
+	"context"
+	"errors"
+)
+
+// ErrNoInventory is returned by List when the backend cannot list its VMs;
+// the agent then runs no orphan sweep.
+var ErrNoInventory = errors.New("backend has no inventory")
 
 // VM describes one attempt's VM. Every resource a backend creates must be
 // named or tagged by Attempt, so that a late teardown of one attempt can only
@@ -31,4 +38,7 @@ type Backend interface {
 	Create(ctx context.Context, vm VM) error
 	// Stop stops and destroys the VM. A VM that does not exist is stopped.
 	Stop(ctx context.Context, vm VM) error
+	// List returns the attempt ids of the VMs that exist on the host, as the
+	// hypervisor or cloud sees them, or ErrNoInventory.
+	List(ctx context.Context) ([]string, error)
 }

@@ -13,6 +13,10 @@
 //	BERTH_JIT_CONFIG_FILE  path of a 0600 file holding the encoded JIT config
 //	BERTH_WORK_DIR         a directory owned by this attempt alone
 //
+// The optional list step (BERTH_STEP=list) gets BERTH_ATTEMPTS_DIR, the
+// parent of every attempt's work dir, and prints the attempt ids of the VMs
+// that exist, one per line. Without a list command the agent sweeps nothing.
+//
 // Exit 0 is success; anything else is a failure whose last output lines are
 // reported. When the step's deadline passes, its whole process group is
 // killed, so a command must not leave children in its group that should
@@ -38,12 +42,49 @@ import (
 type Backend struct {
 	CreateCmd []string
 	StopCmd   []string
+	ListCmd   []string
 	Env       map[string]string
+
+	attemptsDir string
 }
 
 // New returns an exec backend; create and stop are argv slices.
 func New(create, stop []string, env map[string]string) *Backend {
 	return &Backend{CreateCmd: create, StopCmd: stop, Env: env}
+}
+
+// WithList adds the optional inventory command.
+func (b *Backend) WithList(list []string, attemptsDir string) *Backend {
+	b.ListCmd, b.attemptsDir = list, attemptsDir
+	return b
+}
+
+// List implements backend.Backend.
+func (b *Backend) List(ctx context.Context) ([]string, error) {
+	if len(b.ListCmd) == 0 {
+		return nil, backend.ErrNoInventory
+	}
+	var out bytes.Buffer
+	cmd := osexec.CommandContext(ctx, b.ListCmd[0], b.ListCmd[1:]...)
+	cmd.Env = append(os.Environ(), "BERTH_STEP=list", "BERTH_ATTEMPTS_DIR="+b.attemptsDir)
+	for k, v := range b.Env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	var errOut tail
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 2 * time.Second
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("list step: %w: %s", err, errOut.String())
+	}
+	var ids []string
+	for _, line := range strings.Split(out.String(), "\n") {
+		if id := strings.TrimSpace(line); id != "" {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
 }
 
 // Name implements backend.Backend.

@@ -11,7 +11,8 @@ TEST_FLAGS ?= -race -count=1 -timeout 15m
 
 ## demo: 200 jobs through embedded NATS, dispatcher, watchdog, two exec agents and the GitHub simulator
 demo:
-	$(GO) run ./tests/cmd/demo $(DEMO_FLAGS)
+	$(GO) build -o $(BIN)/demo ./tests/cmd/demo
+	$(BIN)/demo $(DEMO_FLAGS)
 
 ## test: unit, property, end-to-end and nats-CLI inspection tests
 test: tools

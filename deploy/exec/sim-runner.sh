@@ -10,12 +10,21 @@
 # Environment: the exec backend's BERTH_* variables, plus BERTH_SIM_RUNNER,
 # the path of the ghsim binary.
 set -eu
+
+# alive PID: the process exists and is not a zombie (an exited runner whose
+# parent is gone may linger unreaped, and kill -0 still succeeds on it).
+alive() {
+	[ -r "/proc/$1/stat" ] || return 1
+	state=$(sed 's/^.*) //' "/proc/$1/stat" | cut -d' ' -f1)
+	[ "$state" != Z ]
+}
+
 step="${1:-${BERTH_STEP:?no step given}}"
 if [ "$step" = list ]; then
 	# The inventory: every attempt whose runner process is alive.
 	for pidfile in "${BERTH_ATTEMPTS_DIR:?}"/*/runner.pid; do
 		[ -f "$pidfile" ] || continue
-		if kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+		if alive "$(cat "$pidfile")"; then
 			basename "$(dirname "$pidfile")"
 		fi
 	done
@@ -34,9 +43,10 @@ create)
 stop)
 	[ -f "$pidfile" ] || exit 0 # nothing was started: already stopped
 	pid=$(cat "$pidfile")
-	kill -TERM "$pid" 2>/dev/null || exit 0 # already gone
+	alive "$pid" || exit 0 # the runner finished its job and exited
+	kill -TERM "$pid" 2>/dev/null || exit 0
 	i=0
-	while kill -0 "$pid" 2>/dev/null && [ "$i" -lt 50 ]; do
+	while alive "$pid" && [ "$i" -lt 50 ]; do
 		sleep 0.1
 		i=$((i + 1))
 	done

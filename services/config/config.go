@@ -129,13 +129,16 @@ type Exec struct {
 	// CreateTimeout and StopTimeout bound each step (law 3).
 	CreateTimeout time.Duration `yaml:"create_timeout"`
 	StopTimeout   time.Duration `yaml:"stop_timeout"`
+	// RetryBase is the first wait before a failed or overrun stop is tried
+	// again; it doubles up to 5 min. 0 means 5 s.
+	RetryBase time.Duration `yaml:"retry_base"`
 }
 
 // Load reads, defaults and validates a file.
 func Load(path string) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("read config: %w (pass --config, see deploy/berth.example.yaml)", err)
+		return nil, fmt.Errorf("read config: %w (give --config the path of a config file; deploy/berth.example.yaml documents every setting)", err)
 	}
 	return Parse(b)
 }

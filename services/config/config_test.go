@@ -61,7 +61,7 @@ func TestSecretFromEnv(t *testing.T) {
 // A missing file says how to fix it.
 func TestMissingFile(t *testing.T) {
 	_, err := Load(filepath.Join(t.TempDir(), "nope.yaml"))
-	if err == nil || !strings.Contains(err.Error(), "--config") {
+	if err == nil || !strings.Contains(err.Error(), "berth.example.yaml") {
 		t.Errorf("got %v", err)
 	}
 	_ = os.Remove

@@ -18,12 +18,10 @@ type StreamConfig struct {
 }
 
 // Connect dials NATS with reconnects forever, so a restarting server is
-// waited for rather than fatal.
+// waited for rather than fatal. Services add WaitForServer so that one
+// started before its server waits for it; tools fail fast instead.
 func Connect(url, name string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
-	// RetryOnFailedConnect: a service started before its server (compose,
-	// systemd) waits for it instead of exiting.
-	base := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
-		nats.RetryOnFailedConnect(true)}
+	base := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
 	nc, err := nats.Connect(url, append(base, opts...)...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to NATS at %s: %w (is nats-server running? `berth dev` embeds one)", url, err)
@@ -35,6 +33,10 @@ func Connect(url, name string, opts ...nats.Option) (*nats.Conn, jetstream.JetSt
 	}
 	return nc, js, nil
 }
+
+// WaitForServer makes the first connect wait for a server that is not up
+// yet (compose, systemd) instead of failing.
+var WaitForServer = nats.RetryOnFailedConnect(true)
 
 // EnsureStream creates BERTH_EVENTS or updates it to cfg; it is safe to call
 // from every service at every start. The log is immutable: delete and purge

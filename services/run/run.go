@@ -153,7 +153,7 @@ func ensureStream(ctx context.Context, cfg *config.Config, js jetstream.JetStrea
 
 // connect dials NATS for one service and makes sure the stream exists.
 func connect(ctx context.Context, cfg *config.Config, name string) (*nats.Conn, jetstream.JetStream, error) {
-	nc, js, err := eventlog.Connect(cfg.NATS.URL, name)
+	nc, js, err := eventlog.Connect(cfg.NATS.URL, name, eventlog.WaitForServer)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -295,7 +295,7 @@ func Agent(ctx context.Context, s *System, cfg *config.Config, ac config.Agent, 
 		WithList(ac.Backend.Exec.List, filepath.Join(dataDir, "attempts"))
 	a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/" + ac.Host}, be, vmagent.Options{
 		Host: ac.Host, Pools: pools, PhysicalCap: ac.PhysicalCap, DataDir: dataDir,
-		CreateTimeout: ac.Backend.Exec.CreateTimeout, StopTimeout: ac.Backend.Exec.StopTimeout, Heartbeat: ac.Heartbeat, ShutdownTimeout: ac.ShutdownTimeout, Logger: logger,
+		CreateTimeout: ac.Backend.Exec.CreateTimeout, StopTimeout: ac.Backend.Exec.StopTimeout, RetryBase: ac.Backend.Exec.RetryBase, Heartbeat: ac.Heartbeat, ShutdownTimeout: ac.ShutdownTimeout, Logger: logger,
 	})
 	if err != nil {
 		nc.Close()

@@ -153,12 +153,13 @@ func progressLine(jobs []ghsim.JobView, total int, st events.Status) string {
 	for _, p := range st.Pools {
 		pools = append(pools, fmt.Sprintf("%s %d/%d", p.Name, p.Held, p.Capacity))
 	}
-	vms := 0
+	vms, phys := 0, 0
 	for _, h := range st.Hosts {
 		vms += h.LiveVMs
+		phys += h.PhysicalCap
 	}
-	return fmt.Sprintf("[%s] queued %3d  running %3d  done %3d/%d  slots held: %s  VMs alive %d",
-		time.Now().Format("15:04:05"), queued, running, done, total, strings.Join(pools, ", "), vms)
+	return fmt.Sprintf("[%s] queued %3d  running %3d  done %3d/%d  slots held: %s  VMs alive %d/%d (physical cap; includes VMs being torn down)",
+		time.Now().Format("15:04:05"), queued, running, done, total, strings.Join(pools, ", "), vms, phys)
 }
 
 func (f *Fleet) report(ctx context.Context, rep Report) (Report, error) {
@@ -240,12 +241,14 @@ func (f *Fleet) ReplayEquals(ctx context.Context) (bool, string, error) {
 	return true, "", nil
 }
 
-// PrintSummary writes the demo's closing summary.
-func PrintSummary(w io.Writer, r Report) {
+// PrintSummary writes the demo's closing summary; keep says whether the
+// system stays up for the operator to look in.
+func PrintSummary(w io.Writer, r Report, keep bool) {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "=== Berth demo summary ===")
-	fmt.Fprintf(w, "jobs served:            %d of %d (conclusions: %v)\n", r.Served, r.Jobs, r.Conclusions)
-	fmt.Fprintf(w, "jobs failed:            %d\n", r.Failed)
+	fmt.Fprintf(w, "jobs served:            %d of %d (job outcomes: %d success, %d failure as the workload planned)\n",
+		r.Served, r.Jobs, r.Conclusions["success"], r.Conclusions["failure"])
+	fmt.Fprintf(w, "jobs not served:        %d\n", r.Failed)
 	fmt.Fprintf(w, "queued → runner online: p50 %s, p99 %s\n", Percentile(r.QueueToStart, 50).Round(time.Millisecond), Percentile(r.QueueToStart, 99).Round(time.Millisecond))
 	fmt.Fprintf(w, "slots held at the end:  %d\n", r.SlotsHeld)
 	fmt.Fprintf(w, "VMs alive at the end:   %d\n", r.VMsAlive)
@@ -256,11 +259,15 @@ func PrintSummary(w io.Writer, r Report) {
 	}
 	fmt.Fprintf(w, "elapsed:                %s\n", r.Elapsed.Round(100*time.Millisecond))
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Read the log with the nats CLI while a fleet runs (berth dev keeps NATS on 127.0.0.1:4222):")
-	fmt.Fprintf(w, "  nats --server %s stream info BERTH_EVENTS\n", r.NATSURL)
-	fmt.Fprintf(w, "  nats --server %s stream subjects BERTH_EVENTS 'berth.evt.pool.>'\n", r.NATSURL)
-	fmt.Fprintf(w, "  nats --server %s stream view BERTH_EVENTS --subject 'berth.evt.job.>'\n", r.NATSURL)
-	fmt.Fprintf(w, "  berth --nats %s status\n", r.NATSURL)
+	if keep {
+		fmt.Fprintln(w, "The system is still running (-keep). Look in from another terminal (make tools installs ./bin/nats):")
+	} else {
+		fmt.Fprintln(w, "To look in afterwards, run `make demo DEMO_FLAGS=-keep`; then, from another terminal (make tools installs ./bin/nats):")
+	}
+	fmt.Fprintf(w, "  ./bin/nats --server %s stream info BERTH_EVENTS\n", r.NATSURL)
+	fmt.Fprintf(w, "  ./bin/nats --server %s stream subjects BERTH_EVENTS 'berth.evt.job.>'   # job ids\n", r.NATSURL)
+	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s status\n", r.NATSURL)
+	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s events --job <job id>\n", r.NATSURL)
 	if r.OK() {
 		fmt.Fprintln(w, "RESULT: OK")
 	} else {

@@ -34,19 +34,20 @@ func main() {
 	flag.StringVar(&o.NATSListen, "nats-listen", "127.0.0.1:4222", "embedded NATS address (127.0.0.1:0 for any free port)")
 	flag.DurationVar(&o.Timeout, "timeout", 4*time.Minute, "give up waiting after this long")
 	flag.BoolVar(&keep, "keep", false, "keep the system running after the summary, for `nats` and `berth status` (Ctrl-C stops)")
-	flag.StringVar(&logLevel, "log-level", "warn", "service log level: debug, info, warn, error")
+	flag.StringVar(&logLevel, "log-level", "error", "service log level: debug, info, warn, error (warn shows demand waiting for slots)")
 	flag.Parse()
 
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(logLevel))
 	o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	o.Progress = os.Stdout
+	cleanup := func() {}
 	if o.DataDir == "" {
 		dir, err := os.MkdirTemp("", "berth-demo-")
 		if err != nil {
-			fail(err)
+			fail(err, cleanup)
 		}
-		defer os.RemoveAll(dir)
+		cleanup = func() { os.RemoveAll(dir) }
 		o.DataDir = dir
 	}
 	o.DataDir, _ = filepath.Abs(o.DataDir)
@@ -58,7 +59,7 @@ func main() {
 	start := time.Now()
 	f, err := harness.Start(ctx, o)
 	if err != nil {
-		fail(err)
+		fail(err, cleanup)
 	}
 	fmt.Printf("up in %s: NATS %s, dispatcher http://%s, GitHub simulator %s\n",
 		time.Since(start).Round(100*time.Millisecond), f.Sys.NATSURL, f.Sys.DispatcherAddr, f.Sim.URL())
@@ -67,20 +68,24 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 	}
-	harness.PrintSummary(os.Stdout, rep)
+	harness.PrintSummary(os.Stdout, rep, keep && err == nil)
 	if keep && err == nil {
-		fmt.Println("\n--keep: the system is still running; Ctrl-C stops it")
+		fmt.Println("Ctrl-C stops it.")
 		<-ctx.Done()
 	}
+	fmt.Println("stopping…")
 	if serr := f.Stop(); serr != nil {
 		fmt.Fprintln(os.Stderr, "demo: shutdown:", serr)
 	}
+	cleanup()
 	if err != nil || !rep.OK() {
 		os.Exit(1)
 	}
+	fmt.Println("stopped.")
 }
 
-func fail(err error) {
+func fail(err error, cleanup func()) {
 	fmt.Fprintln(os.Stderr, "demo:", err)
+	cleanup()
 	os.Exit(1)
 }

@@ -2,6 +2,7 @@ package eventlog
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,12 +22,31 @@ type Reactor interface {
 	Decide(ctx context.Context)
 }
 
+// Snapshotter is implemented by reactors whose fold can be saved and
+// restored, so a restart folds only the tail of the log.
+type Snapshotter interface {
+	// SaveFold encodes the fold and returns the stream sequence it covers.
+	SaveFold() ([]byte, uint64, error)
+	// RestoreFold replaces the fold with a snapshot and returns its sequence.
+	RestoreFold(b []byte) (uint64, error)
+}
+
+// SnapshotBucket is the KV bucket of fold snapshots (key: the service's
+// SnapshotKey). A snapshot is only a shortcut: deleting the bucket just
+// makes the next start replay the whole log.
+const SnapshotBucket = "berth_snapshots"
+
 // Loop feeds a Reactor from the log.
 type Loop struct {
 	JS      jetstream.JetStream
 	Filters []string
 	// Tick is how often Decide runs without new facts (deadlines); 0 means 1 s.
 	Tick time.Duration
+	// SnapshotKey, when set and the reactor is a Snapshotter, restores the
+	// fold from the snapshot bucket at start and saves it every
+	// SnapshotEvery (0: 1 min) while caught up.
+	SnapshotKey   string
+	SnapshotEvery time.Duration
 
 	inbox    chan func()
 	once     sync.Once
@@ -66,15 +86,16 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	snap := l.restore(ctx, r)
 	ch := make(chan Delivered, 1024)
 	errc := make(chan error, 1)
-	go func() { errc <- Follow(ctx, l.JS, l.Filters, 1, ch) }()
+	go func() { errc <- Follow(ctx, l.JS, l.Filters, snap.seq+1, ch) }()
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	l.progress.Store(time.Now().UnixNano())
-	// An empty log (or a filter nothing matches yet) is caught up at once
-	// when the stream holds nothing; otherwise the first delivery tells.
-	if last, err := LastSeq(ctx, l.JS); err == nil && last == 0 {
+	// An empty log (or one the snapshot already covers) is caught up at
+	// once; otherwise the first delivery tells.
+	if last, err := LastSeq(ctx, l.JS); err == nil && last <= snap.seq {
 		l.caughtUp.Store(true)
 		r.Decide(ctx) // nothing will arrive to trigger it before the first tick
 	}
@@ -97,9 +118,10 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 			decide = true
 			// A filter that matches nothing yet delivers nothing: after two
 			// quiet ticks there is nothing to catch up with.
-			if quiet++; quiet >= 2 && l.lastSeq.Load() == 0 {
+			if quiet++; quiet >= 2 && l.lastSeq.Load() == snap.seq {
 				l.caughtUp.Store(true)
 			}
+			l.save(ctx, snap)
 		case d := <-ch:
 			r.Apply(d)
 			l.lastSeq.Store(d.Event.Seq)
@@ -126,4 +148,68 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 		}
 		l.progress.Store(time.Now().UnixNano())
 	}
+}
+
+// snapState is the loop's snapshot bookkeeping.
+type snapState struct {
+	kv    jetstream.KeyValue
+	s     Snapshotter
+	seq   uint64 // sequence of the snapshot restored or last saved
+	saved time.Time
+}
+
+// restore loads the service's snapshot, if any. Any failure means a full
+// replay, never a failed start.
+func (l *Loop) restore(ctx context.Context, r Reactor) *snapState {
+	st := &snapState{saved: time.Now()}
+	s, ok := r.(Snapshotter)
+	if !ok || l.SnapshotKey == "" {
+		return st
+	}
+	kctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	kv, err := l.JS.CreateOrUpdateKeyValue(kctx, jetstream.KeyValueConfig{Bucket: SnapshotBucket,
+		Description: "fold snapshots of Berth services (a shortcut: delete to force a full replay)", History: 1})
+	if err != nil {
+		slog.Warn("snapshot bucket unavailable; replaying the whole log", "err", err)
+		return st
+	}
+	st.kv, st.s = kv, s
+	e, err := kv.Get(kctx, l.SnapshotKey)
+	if err != nil {
+		return st
+	}
+	seq, err := s.RestoreFold(e.Value())
+	if err != nil {
+		slog.Warn("snapshot unusable; replaying the whole log", "key", l.SnapshotKey, "err", err)
+		return st
+	}
+	st.seq = seq
+	l.lastSeq.Store(seq)
+	slog.Info("restored from snapshot", "key", l.SnapshotKey, "seq", seq)
+	return st
+}
+
+// save writes a snapshot every SnapshotEvery while caught up and moving.
+func (l *Loop) save(ctx context.Context, st *snapState) {
+	every := l.SnapshotEvery
+	if every <= 0 {
+		every = time.Minute
+	}
+	if st.kv == nil || !l.caughtUp.Load() || time.Since(st.saved) < every || l.lastSeq.Load() <= st.seq {
+		return
+	}
+	st.saved = time.Now()
+	b, seq, err := st.s.SaveFold()
+	if err != nil {
+		slog.Warn("snapshot failed", "key", l.SnapshotKey, "err", err)
+		return
+	}
+	kctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := st.kv.Put(kctx, l.SnapshotKey, b); err != nil {
+		slog.Warn("snapshot not stored", "key", l.SnapshotKey, "err", err)
+		return
+	}
+	st.seq = seq
 }

@@ -213,7 +213,8 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	reg := registry()
 	metrics := dispatch.NewMetrics(reg)
 	app := &eventlog.Appender{JS: js, Source: "berth/dispatcher"}
-	d, err := dispatch.New(&eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 500 * time.Millisecond}, app, minter,
+	d, err := dispatch.New(&eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 500 * time.Millisecond,
+		SnapshotKey: "dispatcher"}, app, minter,
 		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts}, MintTimeout: dc.MintTimeout,
 			Retention: cfg.Watchdog.Retention, Logger: logger}, metrics)
 	if err != nil {
@@ -255,6 +256,7 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 		AbandonedCap: wc.AbandonedCap,
 	}, time.Now, logger)
 	w.Retention = wc.Retention
+	w.Loop.SnapshotKey = "watchdog"
 	reg := registry()
 	w.Metrics = watchdog.NewMetrics(reg)
 	mux := httpx.Mux(reg, func() (bool, any) {

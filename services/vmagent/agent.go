@@ -98,7 +98,8 @@ func New(js jetstream.JetStream, app *eventlog.Appender, b backend.Backend, opts
 	if err != nil {
 		return nil, err
 	}
-	loop := &eventlog.Loop{JS: js, Filters: []string{events.HostAttemptsFilter(opts.Host), events.HostSubject(opts.Host)}}
+	loop := &eventlog.Loop{JS: js, Filters: []string{events.HostAttemptsFilter(opts.Host), events.HostSubject(opts.Host)},
+		SnapshotKey: "agent-" + opts.Host}
 	return &Agent{Loop: loop, log: app, js: js, backend: b, opts: opts, curve: kp,
 		boot:  strconv.FormatInt(time.Now().UnixNano(), 36),
 		fleet: events.NewFleet(), creating: map[string]bool{}, stopping: map[string]bool{}, appended: map[string]time.Time{}, retry: map[string]*backoff{}}, nil

@@ -1,0 +1,141 @@
+package events
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+)
+
+// SnapshotVersion is the shape of MarshalSnapshot's output. A reader that
+// meets another version ignores the snapshot and replays the whole log.
+const SnapshotVersion = 1
+
+// Snapshot shapes: the fold's state, unexported fields included, with every
+// collection sorted so equal folds give equal bytes.
+type (
+	snapStamp struct {
+		At  time.Time `json:"at"`
+		Seq uint64    `json:"seq"`
+		ID  string    `json:"id"`
+	}
+	snapAttempt struct {
+		*Attempt
+		ReleaseKeys []string `json:"release_keys,omitempty"`
+	}
+	snapHost struct {
+		*Host
+		Online snapStamp `json:"online_stamp"`
+		State  snapStamp `json:"state_stamp"`
+		Cordon snapStamp `json:"cordon_stamp"`
+	}
+	snapAlarm struct {
+		*Alarm
+		Last snapStamp `json:"last_stamp"`
+	}
+	snapshot struct {
+		Version        int                  `json:"version"`
+		LastSeq        uint64               `json:"last_seq"`
+		Skipped        int                  `json:"skipped"`
+		Applied        int                  `json:"applied"`
+		Jobs           []*Job               `json:"jobs"`
+		Attempts       []snapAttempt        `json:"attempts"`
+		Hosts          []snapHost           `json:"hosts"`
+		Pools          []*Pool              `json:"pools"`
+		Alarms         []snapAlarm          `json:"alarms"`
+		DemandReported map[string]time.Time `json:"demand_reported"`
+		ByRunner       map[string]int64     `json:"by_runner"`
+	}
+)
+
+func toSnap(s stamp) snapStamp   { return snapStamp{s.at, s.seq, s.id} }
+func fromSnap(s snapStamp) stamp { return stamp{s.At, s.Seq, s.ID} }
+
+// MarshalSnapshot encodes the whole projection, as of f.LastSeq, so that a
+// service can restart from it and fold only the tail of the log (law 9: a
+// snapshot is only a shortcut; a property test proves snapshot + tail equals
+// a full replay).
+func MarshalSnapshot(f *Fleet) ([]byte, error) {
+	s := snapshot{Version: SnapshotVersion, LastSeq: f.LastSeq, Skipped: f.Skipped, Applied: f.Applied,
+		DemandReported: f.DemandReported, ByRunner: f.byRunner}
+	for _, j := range f.Jobs {
+		s.Jobs = append(s.Jobs, j)
+	}
+	sort.Slice(s.Jobs, func(a, b int) bool { return s.Jobs[a].ID < s.Jobs[b].ID })
+	for _, a := range f.Attempts {
+		sa := snapAttempt{Attempt: a}
+		for k := range a.releases {
+			sa.ReleaseKeys = append(sa.ReleaseKeys, k)
+		}
+		sort.Strings(sa.ReleaseKeys)
+		s.Attempts = append(s.Attempts, sa)
+	}
+	sort.Slice(s.Attempts, func(a, b int) bool { return s.Attempts[a].ID < s.Attempts[b].ID })
+	for _, h := range f.Hosts {
+		s.Hosts = append(s.Hosts, snapHost{Host: h, Online: toSnap(h.online), State: toSnap(h.state), Cordon: toSnap(h.cordon)})
+	}
+	sort.Slice(s.Hosts, func(a, b int) bool { return s.Hosts[a].Name < s.Hosts[b].Name })
+	for _, p := range f.Pools {
+		s.Pools = append(s.Pools, p)
+	}
+	sort.Slice(s.Pools, func(a, b int) bool { return s.Pools[a].Name < s.Pools[b].Name })
+	for _, al := range f.Alarms {
+		s.Alarms = append(s.Alarms, snapAlarm{Alarm: al, Last: toSnap(al.last)})
+	}
+	sort.Slice(s.Alarms, func(a, b int) bool { return s.Alarms[a].Key < s.Alarms[b].Key })
+	return json.Marshal(s)
+}
+
+// UnmarshalSnapshot rebuilds a projection from MarshalSnapshot's bytes. It
+// returns an error for bytes of another version or shape: the caller then
+// replays the whole log.
+func UnmarshalSnapshot(b []byte) (*Fleet, error) {
+	var s snapshot
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	if s.Version != SnapshotVersion {
+		return nil, fmt.Errorf("snapshot version %d, this build reads %d", s.Version, SnapshotVersion)
+	}
+	f := NewFleet()
+	f.LastSeq, f.Skipped, f.Applied = s.LastSeq, s.Skipped, s.Applied
+	for _, j := range s.Jobs {
+		f.Jobs[j.ID] = j
+	}
+	for _, sa := range s.Attempts {
+		a := sa.Attempt
+		if len(sa.ReleaseKeys) > 0 {
+			a.releases = map[string]struct{}{}
+			for _, k := range sa.ReleaseKeys {
+				a.releases[k] = struct{}{}
+			}
+		}
+		f.Attempts[a.ID] = a
+	}
+	for _, sh := range s.Hosts {
+		h := sh.Host
+		h.online, h.state, h.cordon = fromSnap(sh.Online), fromSnap(sh.State), fromSnap(sh.Cordon)
+		if h.Pools == nil {
+			h.Pools = map[string]PoolSlots{}
+		}
+		if h.Held == nil {
+			h.Held = map[string]int{}
+		}
+		f.Hosts[h.Name] = h
+	}
+	for _, p := range s.Pools {
+		f.Pools[p.Name] = p
+	}
+	for _, sa := range s.Alarms {
+		a := sa.Alarm
+		a.last = fromSnap(sa.Last)
+		f.Alarms[a.Key] = a
+	}
+	if s.DemandReported != nil {
+		f.DemandReported = s.DemandReported
+	}
+	if s.ByRunner != nil {
+		f.byRunner = s.ByRunner
+	}
+	return f, nil
+}

@@ -1,0 +1,117 @@
+package eventlog_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/eventlog"
+)
+
+// foldReactor is a Snapshotter over the real fleet fold.
+type foldReactor struct {
+	mu       sync.Mutex
+	fleet    *events.Fleet
+	applied  int // facts applied by this run (not counting the snapshot)
+	restored uint64
+}
+
+func (r *foldReactor) Apply(d eventlog.Delivered) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if d.Err == nil {
+		r.fleet.Apply(d.Event)
+		r.applied++
+	}
+}
+func (r *foldReactor) Decide(context.Context) {}
+func (r *foldReactor) SaveFold() ([]byte, uint64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b, err := events.MarshalSnapshot(r.fleet)
+	return b, r.fleet.LastSeq, err
+}
+func (r *foldReactor) RestoreFold(b []byte) (uint64, error) {
+	f, err := events.UnmarshalSnapshot(b)
+	if err != nil {
+		return 0, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fleet, r.restored = f, f.LastSeq
+	return f.LastSeq, nil
+}
+
+func (r *foldReactor) state() (applied int, restored, last uint64, status events.Status) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.applied, r.restored, r.fleet.LastSeq, r.fleet.Status()
+}
+
+// Given a service that saved a snapshot of its fold, when it restarts after
+// more facts were appended, then it restores the snapshot, folds only the
+// tail, and ends with the projection a full replay gives (law 9).
+func TestRestartFromSnapshotFoldsOnlyTheTail(t *testing.T) {
+	_, js, app := start(t)
+	ctx := ctxFor(t)
+	appendJobs := func(from, to int64) {
+		for id := from; id <= to; id++ {
+			ev := app.New(time.Now(), events.JobQueued{JobRef: events.JobRef{JobID: id, Labels: []string{"self-hosted"}}})
+			if _, _, err := app.Append(ctx, ev, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	appendJobs(1, 50)
+	first := &foldReactor{fleet: events.NewFleet()}
+	l1 := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 20 * time.Millisecond,
+		SnapshotKey: "test", SnapshotEvery: 20 * time.Millisecond}
+	run1, stop1 := context.WithCancel(ctx)
+	done1 := make(chan error, 1)
+	go func() { done1 <- l1.Run(run1, first) }()
+	for deadline := time.Now().Add(waitLimit); ; time.Sleep(10 * time.Millisecond) {
+		if kv, err := js.KeyValue(ctx, eventlog.SnapshotBucket); err != nil {
+			// the loop has not made the bucket yet
+		} else if e, err := kv.Get(ctx, "test"); err == nil {
+			if f, err := events.UnmarshalSnapshot(e.Value()); err == nil && f.LastSeq == 50 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no snapshot covering seq 50 was saved")
+		}
+	}
+	stop1()
+	if err := <-done1; err != nil {
+		t.Fatal(err)
+	}
+
+	appendJobs(51, 60)
+	second := &foldReactor{fleet: events.NewFleet()}
+	l2 := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 20 * time.Millisecond, SnapshotKey: "test"}
+	run2, stop2 := context.WithCancel(ctx)
+	done2 := make(chan error, 1)
+	go func() { done2 <- l2.Run(run2, second) }()
+	defer func() { stop2(); <-done2 }()
+	for deadline := time.Now().Add(waitLimit); ; time.Sleep(10 * time.Millisecond) {
+		if _, _, last, _ := second.state(); last == 60 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("restarted loop did not reach seq 60")
+		}
+	}
+	applied, restored, _, got := second.state()
+	if restored != 50 || applied != 10 {
+		t.Errorf("restored from seq %d and applied %d facts; want 50 and the 10-fact tail", restored, applied)
+	}
+	full, err := eventlog.Replay(ctx, js, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := full.Status(); want.Jobs != got.Jobs || want.AsOfSeq != got.AsOfSeq {
+		t.Errorf("snapshot + tail %+v, full replay %+v", got.Jobs, want.Jobs)
+	}
+}

@@ -119,6 +119,16 @@ func (f *Fleet) Apply(e Event) {
 	}
 }
 
+// Skip records a stored message that could not be decoded (malformed, or of
+// a type this build does not know): it is counted and passed over, never
+// fatal, and the fold still covers its sequence.
+func (f *Fleet) Skip(seq uint64) {
+	f.Skipped++
+	if seq > f.LastSeq {
+		f.LastSeq = seq
+	}
+}
+
 func (f *Fleet) jobFact(r JobRef, st JobStatus, at time.Time, runner, conclusion string) {
 	j := f.job(r.JobID)
 	if j.RunID == 0 {

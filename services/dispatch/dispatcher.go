@@ -91,6 +91,7 @@ func (d *Dispatcher) Apply(del eventlog.Delivered) {
 	if del.Err != nil {
 		d.metrics.skipped(del.Err)
 		d.opts.Logger.Warn("skipping event", "seq", del.Event.Seq, "err", del.Err)
+		d.fleet.Skip(del.Event.Seq)
 		return
 	}
 	d.fleet.Apply(del.Event)

@@ -87,10 +87,20 @@ func LastSeq(ctx context.Context, js jetstream.JetStream) (uint64, error) {
 // started) into a fresh projection. progress, when not nil, is called every
 // 10,000 events with (done, total).
 func Replay(ctx context.Context, js jetstream.JetStream, progress func(done, total uint64)) (*events.Fleet, error) {
+	return ReplayTo(ctx, js, 0, time.Time{}, progress)
+}
+
+// ReplayTo folds the log up to and including sequence upto (0: the last
+// sequence when it starts), stopping before the first event stamped after
+// until (zero: no time limit): the fleet as it was then.
+func ReplayTo(ctx context.Context, js jetstream.JetStream, upto uint64, until time.Time, progress func(done, total uint64)) (*events.Fleet, error) {
 	f := events.NewFleet()
 	last, err := LastSeq(ctx, js)
 	if err != nil || last == 0 {
 		return f, err
+	}
+	if upto != 0 && upto < last {
+		last = upto
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -100,10 +110,15 @@ func Replay(ctx context.Context, js jetstream.JetStream, progress func(done, tot
 	for {
 		select {
 		case d := <-ch:
+			if !until.IsZero() && d.Err == nil && d.Event.Time.After(until) {
+				cancel()
+				<-errc
+				return f, nil
+			}
 			if d.Err == nil {
 				f.Apply(d.Event)
 			} else {
-				f.Skipped++
+				f.Skip(d.Event.Seq)
 			}
 			if progress != nil && d.Event.Seq%10000 == 0 {
 				progress(d.Event.Seq, last)

@@ -105,6 +105,7 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 		select {
 		case <-ctx.Done():
 			<-errc
+			l.final(snap)
 			return nil
 		case err := <-errc:
 			if ctx.Err() != nil {
@@ -188,6 +189,15 @@ func (l *Loop) restore(ctx context.Context, r Reactor) *snapState {
 	l.lastSeq.Store(seq)
 	slog.Info("restored from snapshot", "key", l.SnapshotKey, "seq", seq)
 	return st
+}
+
+// final saves a last snapshot on the way out, so the next start folds only
+// what came after it.
+func (l *Loop) final(st *snapState) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	st.saved = time.Time{}
+	l.save(ctx, st)
 }
 
 // save writes a snapshot every SnapshotEvery while caught up and moving.

@@ -5,6 +5,7 @@ package run
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,6 +20,7 @@ import (
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/httpx"
 	"github.com/berth-ci/berth/services/vmagent"
+	"github.com/berth-ci/berth/services/vmagent/backend"
 	"github.com/berth-ci/berth/services/vmagent/backends/exec"
 	"github.com/berth-ci/berth/services/watchdog"
 	"github.com/nats-io/nats-server/v2/server"
@@ -196,6 +198,22 @@ func loopHealthy(l *eventlog.Loop) (bool, map[string]any) {
 	return ok, map[string]any{"caught_up": l.CaughtUp(), "last_seq": l.LastSeq(), "loop_idle_seconds": stale.Seconds()}
 }
 
+// statusHandler serves the live projection's status (GET /status), the
+// view `berth replay --check` compares with a fresh replay.
+func statusHandler(read func(context.Context, func(*events.Fleet)) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+		defer cancel()
+		var st events.Status
+		if err := read(ctx, func(f *events.Fleet) { st = f.Status() }); err != nil {
+			http.Error(w, "the service's loop did not answer: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(st)
+	}
+}
+
 // Dispatcher starts the dispatcher and its HTTP endpoints.
 func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog.Logger) (*dispatch.Dispatcher, string, error) {
 	nc, js, err := connect(ctx, cfg, "berth-dispatcher")
@@ -227,6 +245,7 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 		return nil, "", fmt.Errorf("dispatcher: no webhook secret: set dispatcher.webhook_secret or webhook_secret_env (GitHub signs every delivery with it)")
 	}
 	mux := httpx.Mux(reg, func() (bool, any) { return loopHealthy(d.Loop) })
+	mux.HandleFunc("GET /status", statusHandler(func(ctx context.Context, fn func(*events.Fleet)) error { return d.Snapshot(ctx, fn) }))
 	mux.Handle("POST /webhook", &dispatch.Intake{Secret: []byte(secret), Log: app, Now: time.Now, Logger: logger, Metrics: metrics})
 	addr, err := serve(ctx, s, "dispatcher", dc.Listen, mux)
 	if err != nil {
@@ -268,6 +287,7 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 		detail["jobs_waiting_for_slot"] = h.Waiting
 		return ok && len(h.Alarms) == 0, detail
 	})
+	mux.HandleFunc("GET /status", statusHandler(w.Read))
 	addr, err := serve(ctx, s, "watchdog", wc.Listen, mux)
 	if err != nil {
 		nc.Close()
@@ -281,8 +301,18 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 	return w, addr, nil
 }
 
-// Agent starts one host's vmagent and its HTTP endpoints.
+// Agent starts one host's vmagent, with the exec backend its config
+// describes, and its HTTP endpoints.
 func Agent(ctx context.Context, s *System, cfg *config.Config, ac config.Agent, logger *slog.Logger) (string, error) {
+	be := exec.New(ac.Backend.Exec.Create, ac.Backend.Exec.Stop, ac.Backend.Exec.Env).
+		WithList(ac.Backend.Exec.List, filepath.Join(cfg.DataDir, "agents", ac.Host, "attempts"))
+	return AgentWith(ctx, s, cfg, ac, be, logger)
+}
+
+// AgentWith is Agent with the backend given rather than built from the
+// config (the benchmarks plug an in-process one); the step timeouts still
+// come from ac.Backend.Exec.
+func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Agent, be backend.Backend, logger *slog.Logger) (string, error) {
 	nc, js, err := connect(ctx, cfg, "berth-agent-"+ac.Host)
 	if err != nil {
 		return "", err
@@ -293,8 +323,6 @@ func Agent(ctx context.Context, s *System, cfg *config.Config, ac config.Agent, 
 		pools[name] = events.PoolSlots{Labels: events.NormalizeLabels(p.Labels), Slots: p.Slots}
 	}
 	dataDir := filepath.Join(cfg.DataDir, "agents", ac.Host)
-	be := exec.New(ac.Backend.Exec.Create, ac.Backend.Exec.Stop, ac.Backend.Exec.Env).
-		WithList(ac.Backend.Exec.List, filepath.Join(dataDir, "attempts"))
 	a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/" + ac.Host}, be, vmagent.Options{
 		Host: ac.Host, Pools: pools, PhysicalCap: ac.PhysicalCap, DataDir: dataDir,
 		CreateTimeout: ac.Backend.Exec.CreateTimeout, StopTimeout: ac.Backend.Exec.StopTimeout, RetryBase: ac.Backend.Exec.RetryBase, Heartbeat: ac.Heartbeat, ShutdownTimeout: ac.ShutdownTimeout, Logger: logger,

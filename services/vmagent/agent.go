@@ -249,6 +249,7 @@ func (a *Agent) heartbeat(ctx context.Context, kv jetstream.KeyValue) {
 func (a *Agent) Apply(d eventlog.Delivered) {
 	if d.Err != nil {
 		a.opts.Logger.Warn("skipping event", "seq", d.Event.Seq, "err", d.Err)
+		a.fleet.Skip(d.Event.Seq)
 		return
 	}
 	a.fleet.Apply(d.Event)

@@ -105,6 +105,7 @@ func (w *Watchdog) Run(ctx context.Context) error {
 func (w *Watchdog) Apply(d eventlog.Delivered) {
 	if d.Err != nil {
 		w.logger.Warn("skipping event", "seq", d.Event.Seq, "err", d.Err)
+		w.fleet.Skip(d.Event.Seq)
 		return
 	}
 	w.fleet.Apply(d.Event)
@@ -229,4 +230,20 @@ func (w *Watchdog) append(ctx context.Context, now time.Time, key string, p even
 		}
 	}
 	return nil
+}
+
+// Read runs fn on the watchdog's loop with its fold and waits for it (up to
+// ctx): the safe way to look at the live projection from another goroutine.
+func (w *Watchdog) Read(ctx context.Context, fn func(*events.Fleet)) error {
+	done := make(chan struct{})
+	w.Loop.Post(ctx, func() {
+		fn(w.fleet)
+		close(done)
+	})
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

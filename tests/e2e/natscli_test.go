@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/cli"
+	"github.com/berth-ci/berth/services/run"
 	"github.com/berth-ci/berth/tests/harness"
 )
 
@@ -125,6 +127,23 @@ func TestOperatorReadsTheLogWithTheNatsCLI(t *testing.T) {
 	want := []string{events.TypeJobQueued, events.TypeJobInProgress, events.TypeJobCompleted}
 	if fmt.Sprint(types) != fmt.Sprint(want) {
 		t.Errorf("job %d's story from nats sub: %v, want %v\n%s", job.ID, types, want, out)
+	}
+
+	// And `berth replay --check`'s comparison finds the live dispatcher and
+	// watchdog equal to a replay of the log.
+	closeNC, js, err := run.JetStream(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeNC()
+	for _, addr := range []string{f.Sys.DispatcherAddr, f.Sys.WatchdogAddr} {
+		diffs, seq, err := cli.Check(ctx, js, "http://"+addr, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(diffs) != 0 || seq == 0 {
+			t.Errorf("%s at seq %d differs from a replay: %v", addr, seq, diffs)
+		}
 	}
 }
 

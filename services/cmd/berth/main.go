@@ -67,7 +67,7 @@ func root() *cobra.Command {
 	cmd.PersistentFlags().StringVar(&natsURL, "nats", def, "NATS server URL (env BERTH_NATS_URL)")
 	cmd.PersistentFlags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.AddCommand(devCmd(), serviceCmd("dispatcher", &natsURL), serviceCmd("watchdog", &natsURL), agentCmd(&natsURL),
-		statusCmd(&natsURL), eventsCmd(&natsURL))
+		statusCmd(&natsURL), eventsCmd(&natsURL), replayCmd(&natsURL))
 	return cmd
 }
 
@@ -241,5 +241,86 @@ func eventsCmd(natsURL *string) *cobra.Command {
 	cmd.Flags().StringVar(&f.Pool, "pool", "", "pool name")
 	cmd.Flags().StringVar(&f.Host, "host", "", "host name")
 	cmd.Flags().StringVar(&f.Attempt, "attempt", "", "attempt id (runner name)")
+	return cmd
+}
+
+func replayCmd(natsURL *string) *cobra.Command {
+	var (
+		asJSON, check bool
+		seq           uint64
+		at            string
+		services      []string
+	)
+	cmd := &cobra.Command{
+		Use:   "replay",
+		Short: "Rebuild the fleet from the log as of a sequence or a time; --check compares live services with it",
+		Long: "replay folds the event log from the start into a fresh projection, exactly as a restarted\n" +
+			"service does, and prints it like `berth status`. It is the operator's tool for \"rebuild stuck\n" +
+			"state\": with --check it asks each running service for its live projection (GET /status)\n" +
+			"and prints every difference from a replay up to the same sequence; it exits 1 when any differs.",
+		Example: `  berth replay                         # the fleet now, from the log alone
+  berth replay --seq 120000            # as it was at stream sequence 120000
+  berth replay --at 2026-11-30T09:00:00Z
+  berth replay --check --service http://127.0.0.1:8080 --service http://127.0.0.1:8081`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			closeNC, js, err := run.JetStream(*natsURL)
+			if err != nil {
+				return natsError{err}
+			}
+			defer closeNC()
+			ctx := cmd.Context()
+			progress := cli.Progress(cmd.ErrOrStderr())
+			if check {
+				bad := 0
+				for _, url := range services {
+					diffs, seq, err := cli.Check(ctx, js, url, progress)
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(cmd.ErrOrStderr(), "\r")
+					if len(diffs) == 0 {
+						fmt.Fprintf(cmd.OutOrStdout(), "%s: live projection equals a replay at seq %d\n", url, seq)
+						continue
+					}
+					bad++
+					fmt.Fprintf(cmd.OutOrStdout(), "%s: %d differences from a replay at seq %d (restart the service to rebuild its state):\n", url, len(diffs), seq)
+					for _, d := range diffs {
+						fmt.Fprintln(cmd.OutOrStdout(), "  "+d)
+					}
+				}
+				if bad > 0 {
+					return fmt.Errorf("%d of %d services differ from the log", bad, len(services))
+				}
+				return nil
+			}
+			var until time.Time
+			if at != "" {
+				if until, err = time.Parse(time.RFC3339, at); err != nil {
+					return usageError{fmt.Errorf("--at %q: give an RFC 3339 time such as 2026-11-30T09:00:00Z", at)}
+				}
+			}
+			st, violations, err := cli.ReplayStatus(ctx, js, seq, until, progress)
+			if err != nil {
+				return natsError{err}
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "\r")
+			if err := cli.PrintStatus(cmd.OutOrStdout(), st, asJSON, time.Now()); err != nil {
+				return err
+			}
+			if len(violations) > 0 && !asJSON {
+				fmt.Fprintln(cmd.OutOrStdout(), "invariants broken in this history:")
+				for _, v := range violations {
+					fmt.Fprintln(cmd.OutOrStdout(), "  "+v.String())
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (the status contract)")
+	cmd.Flags().Uint64Var(&seq, "seq", 0, "replay up to this stream sequence (default: the end)")
+	cmd.Flags().StringVar(&at, "at", "", "replay up to this time (RFC 3339)")
+	cmd.Flags().BoolVar(&check, "check", false, "compare each --service's live projection with a replay")
+	cmd.Flags().StringSliceVar(&services, "service", []string{"http://127.0.0.1:8080", "http://127.0.0.1:8081"},
+		"base URL of a dispatcher or watchdog (repeatable)")
 	return cmd
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/berth-ci/berth/services/cli"
 	"github.com/berth-ci/berth/services/config"
+	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/run"
 	"github.com/spf13/cobra"
 )
@@ -67,7 +68,11 @@ func root() *cobra.Command {
 	cmd.PersistentFlags().StringVar(&natsURL, "nats", def, "NATS server URL (env BERTH_NATS_URL)")
 	cmd.PersistentFlags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.AddCommand(devCmd(), serviceCmd("dispatcher", &natsURL), serviceCmd("watchdog", &natsURL), agentCmd(&natsURL),
-		statusCmd(&natsURL), eventsCmd(&natsURL), replayCmd(&natsURL))
+		statusCmd(&natsURL), eventsCmd(&natsURL), replayCmd(&natsURL),
+		hostActionCmd(&natsURL, "cordon", "Stop placing new jobs on a host (running jobs go on)"),
+		hostActionCmd(&natsURL, "uncordon", "Let a cordoned host take new jobs again"),
+		hostActionCmd(&natsURL, "drain", "Take a host out of service: no new jobs, idle runners are stopped, running jobs finish"),
+		hostsCmd(&natsURL), jobsCmd(&natsURL))
 	return cmd
 }
 
@@ -322,5 +327,72 @@ func replayCmd(natsURL *string) *cobra.Command {
 	cmd.Flags().BoolVar(&check, "check", false, "compare each --service's live projection with a replay")
 	cmd.Flags().StringSliceVar(&services, "service", []string{"http://127.0.0.1:8080", "http://127.0.0.1:8081"},
 		"base URL of a dispatcher or watchdog (repeatable)")
+	return cmd
+}
+
+func hostActionCmd(natsURL *string, action, short string) *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:     action + " HOST",
+		Short:   short,
+		Args:    cobra.ExactArgs(1),
+		Example: "  berth " + action + " mac-mini-01 --reason \"disk replacement\"",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			closeNC, js, err := run.JetStream(*natsURL)
+			if err != nil {
+				return natsError{err}
+			}
+			defer closeNC()
+			seq, err := cli.HostAction(cmd.Context(), js, action, args[0], reason)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s %s: stored at seq %d; `berth hosts` shows it\n", action, args[0], seq)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why (shown in status and the log)")
+	return cmd
+}
+
+func hostsCmd(natsURL *string) *cobra.Command {
+	return &cobra.Command{
+		Use:   "hosts",
+		Short: "List hosts: state, cordons and their reasons, live VMs against the physical cap, heartbeats",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			closeNC, js, err := run.JetStream(*natsURL)
+			if err != nil {
+				return natsError{err}
+			}
+			defer closeNC()
+			st, err := cli.FleetStatus(cmd.Context(), js)
+			if err != nil {
+				return natsError{err}
+			}
+			return cli.PrintHosts(cmd.OutOrStdout(), st, time.Now())
+		},
+	}
+}
+
+func jobsCmd(natsURL *string) *cobra.Command {
+	var limit int
+	cmd := &cobra.Command{
+		Use:     "jobs",
+		Short:   "List jobs, newest first (one job's whole history: berth events --job ID)",
+		Example: "  berth jobs --limit 20",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			closeNC, js, err := run.JetStream(*natsURL)
+			if err != nil {
+				return natsError{err}
+			}
+			defer closeNC()
+			f, err := eventlog.Replay(cmd.Context(), js, nil)
+			if err != nil {
+				return natsError{err}
+			}
+			return cli.PrintJobs(cmd.OutOrStdout(), f, limit)
+		},
+	}
+	cmd.Flags().IntVar(&limit, "limit", 50, "how many (0: all)")
 	return cmd
 }

@@ -1,0 +1,99 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"sort"
+	"text/tabwriter"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Operator returns who runs the command, for the By field of operator facts.
+func Operator() string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		h, _ := os.Hostname()
+		return "operator:" + u.Username + "@" + h
+	}
+	return "operator"
+}
+
+// HostAction appends an operator fact about a host: "cordon" (no new
+// placements), "uncordon", or "drain" (no new placements, and idle runners
+// and bookings without a VM are taken back). The host must be known.
+func HostAction(ctx context.Context, js jetstream.JetStream, action, host, reason string) (uint64, error) {
+	f, err := eventlog.Replay(ctx, js, nil)
+	if err != nil {
+		return 0, err
+	}
+	if _, ok := f.Hosts[host]; !ok {
+		var known []string
+		for name := range f.Hosts {
+			known = append(known, name)
+		}
+		sort.Strings(known)
+		return 0, fmt.Errorf("no host %q in the log; known hosts: %v", host, known)
+	}
+	now := time.Now().UTC()
+	c := events.HostChange{Host: host, Reason: reason, By: Operator(), At: now}
+	var p events.Payload
+	switch action {
+	case "cordon":
+		p = events.HostCordoned{HostChange: c}
+	case "uncordon":
+		p = events.HostUncordoned{HostChange: c}
+	case "drain":
+		p = events.HostDraining{HostChange: c}
+	default:
+		return 0, fmt.Errorf("unknown host action %q", action)
+	}
+	app := &eventlog.Appender{JS: js, Source: "berth/cli"}
+	seq, _, err := app.Append(ctx, app.New(now, p), nil)
+	return seq, err
+}
+
+// PrintHosts lists hosts.
+func PrintHosts(w io.Writer, st events.Status, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 2, 2, ' ', 0)
+	fmt.Fprintln(tw, "HOST\tSTATE\tCORDONED\tREASON\tLIVE_VMS/CAP\tABANDONED\tLAST_HEARTBEAT")
+	for _, h := range st.Hosts {
+		hb := "never"
+		if h.LastHeartbeat != nil {
+			hb = now.Sub(*h.LastHeartbeat).Round(time.Second).String() + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%d/%d\t%d\t%s\n", h.Name, h.State, h.Cordoned, dash(h.CordonReason),
+			h.LiveVMs, h.PhysicalCap, h.AbandonedVMs, hb)
+	}
+	return tw.Flush()
+}
+
+// PrintJobs lists the jobs the projection holds, newest first.
+func PrintJobs(w io.Writer, f *events.Fleet, limit int) error {
+	jobs := make([]*events.Job, 0, len(f.Jobs))
+	for _, j := range f.Jobs {
+		jobs = append(jobs, j)
+	}
+	sort.Slice(jobs, func(a, b int) bool { return jobs[a].QueuedAt.After(jobs[b].QueuedAt) })
+	if limit > 0 && len(jobs) > limit {
+		jobs = jobs[:limit]
+	}
+	labels := f.PoolLabels()
+	tw := tabwriter.NewWriter(w, 0, 2, 2, ' ', 0)
+	fmt.Fprintln(tw, "JOB\tSTATUS\tCONCLUSION\tPOOL\tRUNNER\tATTEMPTS\tQUEUED")
+	for _, j := range jobs {
+		pool := events.MatchPool(j.Labels, labels)
+		status := j.Status.String()
+		if j.Unschedulable && j.Status < events.StatusInProgress {
+			status = "unschedulable"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", j.ID, status, dash(j.Conclusion), dash(pool), dash(j.Runner),
+			j.Minted, j.QueuedAt.Format(time.RFC3339))
+	}
+	return tw.Flush()
+}

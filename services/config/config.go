@@ -56,10 +56,20 @@ type GitHub struct {
 	Token  string `yaml:"token"`
 	// TokenEnv names an environment variable holding the token.
 	TokenEnv string `yaml:"token_env"`
+	// App authenticates as a GitHub App installation instead of a token.
+	App GitHubApp `yaml:"app"`
 	// Scope is "org" (runners registered to Org) or "repo" (to each job's repository).
 	Scope         string `yaml:"scope"`
 	Org           string `yaml:"org"`
 	RunnerGroupID int64  `yaml:"runner_group_id"`
+}
+
+// GitHubApp is a GitHub App installation (preferred over a token: its
+// installation tokens are short-lived and scoped).
+type GitHubApp struct {
+	ID             int64  `yaml:"id"`
+	InstallationID int64  `yaml:"installation_id"`
+	PrivateKeyFile string `yaml:"private_key_file"`
 }
 
 // Watchdog owns deadlines.
@@ -104,6 +114,11 @@ type Agent struct {
 	// ShutdownTimeout: on SIGTERM the host drains; running jobs may finish
 	// for this long before their VMs are stopped.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	// InventoryEvery is how often the backend's real inventory is read for
+	// the orphan sweep (0: 1 min); OrphanGrace is how long a VM no live
+	// attempt owns may stay before it is stopped (0: 2 min).
+	InventoryEvery time.Duration `yaml:"inventory_every"`
+	OrphanGrace    time.Duration `yaml:"orphan_grace"`
 }
 
 // Pool is what a host offers one pool.
@@ -203,6 +218,9 @@ func (c *Config) Defaults() {
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if a := c.Dispatcher.GitHub.App; a.ID != 0 && (a.InstallationID == 0 || a.PrivateKeyFile == "") {
+		bad("dispatcher.github.app: id, installation_id and private_key_file are all needed (see the App's settings and its installation URL)")
+	}
 	if s := c.Dispatcher.GitHub.Scope; s != "org" && s != "repo" {
 		bad("dispatcher.github.scope %q: use org or repo", s)
 	}

@@ -40,6 +40,16 @@ func sign(key, body []byte) string {
 // folder that holds go.work.
 func fixture(t *testing.T, name string) []byte {
 	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot(t), "..", "shared", "fixtures", "github", "webhooks", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// repoRoot is the folder that holds go.work.
+func repoRoot(t *testing.T) string {
+	t.Helper()
 	dir, err := os.Getwd()
 	if err != nil {
 		t.Fatal(err)
@@ -54,11 +64,7 @@ func fixture(t *testing.T, name string) []byte {
 		}
 		dir = parent
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "..", "shared", "fixtures", "github", "webhooks", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return dir
 }
 
 type intake struct {

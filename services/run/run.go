@@ -222,7 +222,18 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	}
 	logger = logger.With("service", "dispatcher")
 	dc := cfg.Dispatcher
-	gh, err := dispatch.NewGitHubClient(dc.GitHub.APIURL, config.Secret(dc.GitHub.Token, dc.GitHub.TokenEnv), nil)
+	var hc *http.Client
+	token := config.Secret(dc.GitHub.Token, dc.GitHub.TokenEnv)
+	if app := dc.GitHub.App; app.ID != 0 {
+		tr, err := dispatch.AppTransport(dispatch.App{ID: app.ID, InstallationID: app.InstallationID, PrivateKeyFile: app.PrivateKeyFile},
+			dc.GitHub.APIURL, nil, nil)
+		if err != nil {
+			nc.Close()
+			return nil, "", err
+		}
+		hc, token = &http.Client{Transport: tr}, ""
+	}
+	gh, err := dispatch.NewGitHubClient(dc.GitHub.APIURL, token, hc)
 	if err != nil {
 		nc.Close()
 		return nil, "", err
@@ -325,7 +336,8 @@ func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Age
 	dataDir := filepath.Join(cfg.DataDir, "agents", ac.Host)
 	a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/" + ac.Host}, be, vmagent.Options{
 		Host: ac.Host, Pools: pools, PhysicalCap: ac.PhysicalCap, DataDir: dataDir,
-		CreateTimeout: ac.Backend.Exec.CreateTimeout, StopTimeout: ac.Backend.Exec.StopTimeout, RetryBase: ac.Backend.Exec.RetryBase, Heartbeat: ac.Heartbeat, ShutdownTimeout: ac.ShutdownTimeout, Logger: logger,
+		CreateTimeout: ac.Backend.Exec.CreateTimeout, StopTimeout: ac.Backend.Exec.StopTimeout, RetryBase: ac.Backend.Exec.RetryBase, Heartbeat: ac.Heartbeat, ShutdownTimeout: ac.ShutdownTimeout,
+		InventoryEvery: ac.InventoryEvery, OrphanGrace: ac.OrphanGrace, Logger: logger,
 	})
 	if err != nil {
 		nc.Close()

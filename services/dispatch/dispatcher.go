@@ -33,8 +33,11 @@ type Options struct {
 	// Retention bounds how long terminal jobs and attempts stay in the
 	// fold (law 5); 0 means 72 h.
 	Retention time.Duration
-	Now       func() time.Time
-	Logger    *slog.Logger
+	// Budget, when set, holds bookings and mints back while GitHub says to
+	// wait: jobs stay demand and are served after the reset (BL-37).
+	Budget *Budget
+	Now    func() time.Time
+	Logger *slog.Logger
 }
 
 // Dispatcher is the act shell around Decide: it folds the log, appends the
@@ -51,6 +54,7 @@ type Dispatcher struct {
 	fleet       *events.Fleet
 	pending     map[string]time.Time // event or mint ids in flight → when
 	lastCompact time.Time
+	warnedUntil time.Time
 	wg          sync.WaitGroup
 }
 
@@ -122,6 +126,15 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 	for _, u := range plan.Unschedulable {
 		d.append(ctx, now, u, nil)
 	}
+	if blocked, until := d.rateLimited(now); blocked {
+		// Book nothing GitHub will not let us mint for; demand waits.
+		plan.Reserve, plan.Mint = nil, nil
+		if !d.warnedUntil.Equal(until) {
+			d.warnedUntil = until
+			d.opts.Logger.Warn("GitHub rate limit: no new bookings or JIT configs until the reset; queued jobs wait",
+				"until", until.Format(time.RFC3339))
+		}
+	}
 	conflicted := map[string]bool{}
 	for _, r := range plan.Reserve {
 		if conflicted[r.Pool] {
@@ -136,6 +149,7 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 	}
 	d.housekeep(now)
 	d.metrics.observe(d.fleet)
+	d.metrics.observeBudget(d.opts.Budget, now)
 }
 
 // housekeep keeps memory flat in jobs served (law 5): terminal records leave
@@ -151,6 +165,13 @@ func (d *Dispatcher) housekeep(now time.Time) {
 			delete(d.pending, id)
 		}
 	}
+}
+
+func (d *Dispatcher) rateLimited(now time.Time) (bool, time.Time) {
+	if d.opts.Budget == nil {
+		return false, time.Time{}
+	}
+	return d.opts.Budget.Blocked(now)
 }
 
 // appendPool appends to a pool's ledger with optimistic concurrency: it

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/google/go-github/v62/github"
 )
@@ -17,6 +18,8 @@ type GitHubMinter struct {
 	Scope         string // "org" or "repo"
 	Org           string // for org scope; empty means the job's owner
 	RunnerGroupID int64
+	// Budget, when set, learns the API budget from every answer.
+	Budget *Budget
 }
 
 // NewGitHubClient builds a go-github client for a token and a REST base URL
@@ -46,17 +49,25 @@ func (m *GitHubMinter) Mint(ctx context.Context, r MintRequest) (int64, string, 
 	}
 	req := &github.GenerateJITConfigRequest{Name: r.RunnerName, RunnerGroupID: group, Labels: r.Labels}
 	var (
-		jit *github.JITRunnerConfig
-		err error
+		jit  *github.JITRunnerConfig
+		resp *github.Response
+		err  error
 	)
 	if m.Scope == "repo" {
-		jit, _, err = m.Client.Actions.GenerateRepoJITConfig(ctx, r.Org, r.Repo, req)
+		jit, resp, err = m.Client.Actions.GenerateRepoJITConfig(ctx, r.Org, r.Repo, req)
 	} else {
 		org := m.Org
 		if org == "" {
 			org = r.Org
 		}
-		jit, _, err = m.Client.Actions.GenerateOrgJITConfig(ctx, org, req)
+		jit, resp, err = m.Client.Actions.GenerateOrgJITConfig(ctx, org, req)
+	}
+	if m.Budget != nil {
+		var hr *http.Response
+		if resp != nil {
+			hr = resp.Response
+		}
+		m.Budget.Observe(hr, err, time.Now())
 	}
 	if err != nil {
 		return 0, "", fmt.Errorf("generate JIT config for runner %s: %w", r.RunnerName, err)

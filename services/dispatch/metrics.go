@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"errors"
+	"time"
 
 	"github.com/berth-ci/berth/events"
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +16,8 @@ type Metrics struct {
 	capacity     *prometheus.GaugeVec
 	demand       *prometheus.GaugeVec
 	mintSeconds  prometheus.Histogram
+	apiRemaining prometheus.Gauge
+	apiBlocked   prometheus.Gauge
 }
 
 // NewMetrics registers the dispatcher's series on reg.
@@ -34,6 +37,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		mintSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "berth_jit_mint_seconds",
 			Help: "Time to mint one JIT runner configuration on GitHub.", Buckets: prometheus.DefBuckets}),
 	}
+	m.apiRemaining = prometheus.NewGauge(prometheus.GaugeOpts{Name: "berth_github_api_remaining",
+		Help: "GitHub API requests left in the current window, from the last answer's x-ratelimit-remaining."})
+	m.apiBlocked = prometheus.NewGauge(prometheus.GaugeOpts{Name: "berth_github_api_blocked_seconds",
+		Help: "Seconds until GitHub allows calls again (0: not rate limited)."})
+	reg.MustRegister(m.apiRemaining, m.apiBlocked)
 	reg.MustRegister(m.webhooks, m.skippedTotal, m.held, m.capacity, m.demand, m.mintSeconds)
 	return m
 }
@@ -44,6 +52,21 @@ func (m *Metrics) skipped(err error) {
 		reason = "unknown_type"
 	}
 	m.skippedTotal.WithLabelValues(reason).Inc()
+}
+
+func (m *Metrics) observeBudget(b *Budget, now time.Time) {
+	if b == nil {
+		return
+	}
+	remaining, _, _, until, seen := b.State()
+	if !seen.IsZero() {
+		m.apiRemaining.Set(float64(remaining))
+	}
+	blocked := 0.0
+	if until.After(now) {
+		blocked = until.Sub(now).Seconds()
+	}
+	m.apiBlocked.Set(blocked)
 }
 
 func (m *Metrics) observe(f *events.Fleet) {

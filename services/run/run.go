@@ -238,14 +238,16 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 		nc.Close()
 		return nil, "", err
 	}
-	minter := &dispatch.GitHubMinter{Client: gh, Scope: dc.GitHub.Scope, Org: dc.GitHub.Org, RunnerGroupID: dc.GitHub.RunnerGroupID}
+	budget := &dispatch.Budget{}
+	minter := &dispatch.GitHubMinter{Client: gh, Scope: dc.GitHub.Scope, Org: dc.GitHub.Org, RunnerGroupID: dc.GitHub.RunnerGroupID,
+		Budget: budget}
 	reg := registry()
 	metrics := dispatch.NewMetrics(reg)
 	app := &eventlog.Appender{JS: js, Source: "berth/dispatcher"}
 	d, err := dispatch.New(&eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 500 * time.Millisecond,
 		SnapshotKey: "dispatcher"}, app, minter,
 		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts}, MintTimeout: dc.MintTimeout,
-			Retention: cfg.Watchdog.Retention, Logger: logger}, metrics)
+			Retention: cfg.Watchdog.Retention, Budget: budget, Logger: logger}, metrics)
 	if err != nil {
 		nc.Close()
 		return nil, "", err

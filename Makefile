@@ -7,7 +7,7 @@ export PATH := $(BIN):$(PATH)
 NATSCLI_VERSION := v0.5.0
 TEST_FLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: demo test tools build schemas vet fmt-check clean images
+.PHONY: demo test tools build schemas vet fmt-check clean images bench bench-smoke
 
 ## demo: 200 jobs through embedded NATS, dispatcher, watchdog, two exec agents and the GitHub simulator
 demo:
@@ -18,6 +18,16 @@ demo:
 test: tools
 	$(GO) vet ./events/... ./services/... ./tests/...
 	$(GO) test $(TEST_FLAGS) ./events/... ./services/... ./tests/...
+
+## bench: the full bench suite (issue 9), about 4 minutes on 2 cores: prints a table and appends a
+## dated section to BENCHMARKS.md (BENCH_FLAGS=-no-write to only print; -h lists sizes)
+bench:
+	@mkdir -p $(BIN)
+	$(GO) run ./tests/cmd/bench -cpuprofile $(BIN)/bench-throughput.pprof -invoked-as "make bench$(if $(BENCH_FLAGS), BENCH_FLAGS='$(BENCH_FLAGS)')" $(BENCH_FLAGS)
+
+## bench-smoke: the same suite at tiny sizes, under a minute, so it stays runnable
+bench-smoke:
+	$(GO) run ./tests/cmd/bench -smoke -invoked-as "make bench-smoke$(if $(BENCH_FLAGS), BENCH_FLAGS='$(BENCH_FLAGS)')" $(BENCH_FLAGS)
 
 ## tools: the nats CLI the inspection tests use, installed into ./bin
 tools: $(BIN)/nats

@@ -17,6 +17,12 @@ type Plan struct {
 	Reserve []events.SlotReserved
 	// Mint lists booked attempts that still need a JIT config and a placement.
 	Mint []*events.Attempt
+	// Deregister lists surplus attempts whose runner registration exists
+	// (they were placed): the registration is deleted through the API first,
+	// and the slot released only when GitHub confirms (204 or 404). GitHub
+	// refuses (422) for a runner that took a job whose in_progress has not
+	// arrived yet; a lagging webhook is not a fact (law 7).
+	Deregister []*events.Attempt
 	// Release gives back slots whose demand ended; Teardown asks agents to
 	// stop VMs whose slot is released. A release never waits for a teardown.
 	Release  []events.SlotReleased
@@ -100,7 +106,11 @@ func Decide(f *events.Fleet, p Params) Plan {
 		supply := unbound[pool]
 		if surplus := len(supply) - len(jobs); surplus > 0 {
 			for _, a := range leastAdvanced(supply, surplus) {
-				plan.Release = append(plan.Release, release(a, events.ReleaseSurplus))
+				if a.Placed {
+					plan.Deregister = append(plan.Deregister, a)
+				} else {
+					plan.Release = append(plan.Release, release(a, events.ReleaseSurplus))
+				}
 			}
 			continue
 		}

@@ -17,7 +17,15 @@ import (
 // runner is named after the attempt and carries the pool's labels.
 type Minter interface {
 	Mint(ctx context.Context, a MintRequest) (runnerID int64, encodedJIT string, err error)
+	// Deregister deletes a runner registration. It returns nil when the
+	// runner is gone (deleted now, or a confirmed 404), ErrRunnerBusy when
+	// GitHub says it is running a job.
+	Deregister(ctx context.Context, runnerID int64, org, repo string) error
 }
+
+// ErrRunnerBusy: GitHub refused to delete a runner that is running a job
+// (422 "Runner ... is still running a job").
+var ErrRunnerBusy = errors.New("runner is running a job")
 
 // MintRequest is what a JIT config is minted for.
 type MintRequest struct {
@@ -55,6 +63,7 @@ type Dispatcher struct {
 	pending     map[string]time.Time // event or mint ids in flight → when
 	lastCompact time.Time
 	warnedUntil time.Time
+	busy        map[string]time.Time // attempts GitHub reported busy → leave alone until
 	wg          sync.WaitGroup
 }
 
@@ -81,7 +90,7 @@ func New(loop *eventlog.Loop, app *eventlog.Appender, m Minter, opts Options, me
 	}
 	pub, _ := kp.PublicKey()
 	return &Dispatcher{Loop: loop, log: app, minter: m, opts: opts, curve: kp, curvePub: pub,
-		metrics: metrics, fleet: events.NewFleet(), pending: map[string]time.Time{}}, nil
+		metrics: metrics, fleet: events.NewFleet(), pending: map[string]time.Time{}, busy: map[string]time.Time{}}, nil
 }
 
 // Run drives the dispatcher until ctx ends, then waits for its mints.
@@ -147,6 +156,9 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 	for _, a := range plan.Mint {
 		d.mint(ctx, now, a)
 	}
+	for _, a := range plan.Deregister {
+		d.deregister(ctx, now, a)
+	}
 	d.housekeep(now)
 	d.metrics.observe(d.fleet)
 	d.metrics.observeBudget(d.opts.Budget, now)
@@ -163,6 +175,11 @@ func (d *Dispatcher) housekeep(now time.Time) {
 	for id, at := range d.pending {
 		if now.Sub(at) >= pendingFor {
 			delete(d.pending, id)
+		}
+	}
+	for id, until := range d.busy {
+		if now.After(until) {
+			delete(d.busy, id)
 		}
 	}
 }
@@ -271,6 +288,55 @@ func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt)
 				return
 			}
 			logger.Info("attempt placed")
+		})
+	}()
+}
+
+// busyFor is how long a runner GitHub reported busy is left alone before
+// the dispatcher asks again (its in_progress webhook normally arrives first).
+const busyFor = time.Minute
+
+// deregister deletes a surplus runner's registration off the loop, bounded
+// by MintTimeout, and releases its slot only once GitHub confirms the
+// runner is gone: a runner that already took a job is never torn down on
+// the strength of a webhook that has not arrived (law 7).
+func (d *Dispatcher) deregister(ctx context.Context, now time.Time, a *events.Attempt) {
+	key := a.ID + "/deregister"
+	if d.inFlight(key, now) {
+		return
+	}
+	if until, busy := d.busy[a.ID]; busy && now.Before(until) {
+		return
+	}
+	job := d.fleet.Jobs[a.JobID]
+	if job == nil {
+		return
+	}
+	d.pending[key] = now
+	ref := events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}
+	runnerID, jobID, org, repo := a.RunnerID, a.JobID, job.Org, job.Repo
+	logger := d.opts.Logger.With("attempt", a.ID, "pool", a.Pool, "host", a.Host)
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		dctx, cancel := context.WithTimeout(ctx, d.opts.MintTimeout)
+		defer cancel()
+		err := d.minter.Deregister(dctx, runnerID, org, repo)
+		d.Loop.Post(ctx, func() {
+			delete(d.pending, key)
+			switch {
+			case errors.Is(err, ErrRunnerBusy):
+				logger.Info("surplus runner is running a job; keeping it (its in_progress webhook is on the way)")
+				d.busy[ref.Attempt] = d.opts.Now().Add(busyFor)
+			case err != nil:
+				logger.Warn("could not deregister a surplus runner; will retry", "err", err)
+			default:
+				logger.Info("surplus runner deregistered; releasing its slot")
+				if cur := d.fleet.Attempts[ref.Attempt]; cur != nil && cur.Held() && d.fleet.BoundJob(ref.Attempt) == 0 {
+					d.appendPool(ctx, d.opts.Now(), events.SlotReleased{Pool: ref.Pool, Host: ref.Host, Attempt: ref.Attempt,
+						Reason: events.ReleaseSurplus, JobID: jobID}, ref.Pool)
+				}
+			}
 		})
 	}()
 }

@@ -74,3 +74,38 @@ func (m *GitHubMinter) Mint(ctx context.Context, r MintRequest) (int64, string, 
 	}
 	return jit.GetRunner().GetID(), jit.GetEncodedJITConfig(), nil
 }
+
+// Deregister implements Minter with DELETE /orgs/{org}/actions/runners/{id}
+// (or the repo variant). GitHub answers 204 when deleted, 404 when the
+// runner is already gone (an ephemeral runner is removed after its job) and
+// 422 "Runner ... is still running a job" when it is busy.
+func (m *GitHubMinter) Deregister(ctx context.Context, runnerID int64, org, repo string) error {
+	var (
+		resp *github.Response
+		err  error
+	)
+	if m.Scope == "repo" {
+		resp, err = m.Client.Actions.RemoveRunner(ctx, org, repo, runnerID)
+	} else {
+		if m.Org != "" {
+			org = m.Org
+		}
+		resp, err = m.Client.Actions.RemoveOrganizationRunner(ctx, org, runnerID)
+	}
+	if m.Budget != nil {
+		var hr *http.Response
+		if resp != nil {
+			hr = resp.Response
+		}
+		m.Budget.Observe(hr, err, time.Now())
+	}
+	switch {
+	case err == nil:
+		return nil
+	case resp != nil && resp.StatusCode == http.StatusNotFound:
+		return nil // confirmed gone (law 7: a confirmed 404 for a thing being deleted is success)
+	case resp != nil && resp.StatusCode == http.StatusUnprocessableEntity:
+		return fmt.Errorf("%w: runner %d: %v", ErrRunnerBusy, runnerID, err)
+	}
+	return fmt.Errorf("delete runner %d: %w", runnerID, err)
+}

@@ -227,15 +227,46 @@ func waiting(f *events.Fleet, now time.Time, p Params) []events.DemandWaiting {
 		if last, ok := f.DemandReported[pool]; ok && now.Sub(last) < p.DemandWaitingEvery {
 			continue
 		}
-		reason := "every slot of the pool is held"
-		if pool == "unmatched" {
-			reason = "no pool's labels include the job's labels; add a pool or fix runs-on"
-		} else if f.Capacity(pool) == 0 {
-			reason = "no online host offers this pool"
+		reason := "no pool's labels include the job's labels; add a pool or fix runs-on"
+		if pool != "unmatched" {
+			reason = waitReason(f, pool)
 		}
 		out = append(out, events.DemandWaiting{Pool: pool, Jobs: g.n, OldestJobID: g.oldest.ID,
 			Waited: now.Sub(g.oldest.QueuedAt), Reason: reason, At: now})
 	}
 	sort.Slice(out, func(i, k int) bool { return out[i].Pool < out[k].Pool })
 	return out
+}
+
+// waitReason says what keeps a pool's queued jobs from a slot, judged from
+// the hosts that offer the pool: a free slot is of no use on a host that is
+// cordoned or draining, or whose physical capacity live or abandoned VMs
+// fill (BL-01, BL-07: the operator must see why, not "every slot is held").
+func waitReason(f *events.Fleet, pool string) string {
+	var offered, withdrawn, noRoom int
+	for _, h := range f.Hosts {
+		ps, ok := h.Pools[pool]
+		if !ok || h.State == events.HostStateLost {
+			continue
+		}
+		offered++
+		switch {
+		case ps.Slots-h.Held[pool] <= 0:
+		case !h.Accepts():
+			withdrawn++
+		case h.PhysicalCap > 0 && h.Booked >= h.PhysicalCap:
+			noRoom++
+		}
+	}
+	switch {
+	case offered == 0:
+		return "no online host offers this pool"
+	case withdrawn > 0 && noRoom == 0:
+		return "every host with a free slot is cordoned or draining; uncordon one or add a host"
+	case noRoom > 0 && withdrawn == 0:
+		return "no physical room on any host with a free slot: live or abandoned VMs fill them; see abandoned VMs in `berth status`"
+	case noRoom > 0:
+		return "every host with a free slot is cordoned, draining, or out of physical room (live or abandoned VMs); see `berth status`"
+	}
+	return "every slot of the pool is held"
 }

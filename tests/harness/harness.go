@@ -32,6 +32,11 @@ type Options struct {
 	Timeout     time.Duration
 	Progress    io.Writer // live progress lines; nil for none
 	Logger      *slog.Logger
+	// Tune, when set, adjusts the fleet's configuration after the defaults
+	// (hosts, pools, slots, physical caps, exec commands and their env,
+	// step timeouts, watchdog deadlines): the scenario tests shape their
+	// fleet with it. The demo leaves it nil.
+	Tune func(*config.Config)
 }
 
 // Fleet is a running system plus its simulator, for tests that drive it.
@@ -77,6 +82,9 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 		return nil, err
 	}
 	cfg := Config(o, root, runner, simURL, dispAddr, secret)
+	if o.Tune != nil {
+		o.Tune(cfg)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	sys, err := run.Dev(ctx, cfg, o.Logger)
 	if err != nil {

@@ -1,0 +1,268 @@
+package events_test
+
+import (
+	"fmt"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+)
+
+// Benchmarks of the fold: what every service pays per fact, per status read
+// and per label match. `make bench` runs them with -benchmem; the numbers
+// land in BENCHMARKS.md.
+
+var benchPools = map[string][]string{
+	"linux": {"self-hosted", "linux", "x64"},
+	"macos": {"self-hosted", "macos", "arm64"},
+}
+
+// benchJobLabels are runs-on sets as workflows write them (mixed case, subsets).
+var benchJobLabels = [][]string{
+	{"self-hosted", "linux"}, {"self-hosted", "Linux", "X64"}, {"self-hosted", "linux", "x64"},
+	{"self-hosted", "macOS"}, {"self-hosted", "macos", "ARM64"},
+}
+
+// sealed stands in for a sealed JIT config: the simulator's encoded config
+// sealed to a curve key is about 300 bytes.
+var sealed = make([]byte, 300)
+
+// benchHosts are the facts that bring n hosts online, each offering both pools.
+func benchHosts(n int, slots int) []events.Payload {
+	var out []events.Payload
+	for i := 0; i < n; i++ {
+		h := "host-" + strconv.Itoa(i)
+		out = append(out, &events.HostOnline{Host: h, Boot: "boot-1", PhysicalCap: 2 * slots, CurveKey: "X" + h, Backend: "bench",
+			Pools: map[string]events.PoolSlots{
+				"linux": {Labels: benchPools["linux"], Slots: slots},
+				"macos": {Labels: benchPools["macos"], Slots: slots},
+			}})
+	}
+	return out
+}
+
+// stage is how far a job's lifecycle has gone.
+type stage int
+
+const (
+	stageQueued stage = iota + 1
+	stageRunning
+	stageDone
+)
+
+// benchLifecycle returns the facts of job id up to stage st, in the order the
+// services append them: a full lifecycle is ten facts.
+func benchLifecycle(id int64, host string, st stage) []events.Payload {
+	labels := benchJobLabels[id%int64(len(benchJobLabels))]
+	pool := events.MatchPool(labels, benchPools)
+	ref := events.JobRef{Delivery: fmt.Sprintf("%08x-0000-4000-8000-%012x", id, id), JobID: id, RunID: 7000 + id, RunAttempt: 1,
+		Org: "example-org", Repo: "example-repo", Name: "build (" + strconv.FormatInt(id%7, 10) + ")", Labels: labels}
+	att := events.AttemptID(id, 1)
+	ar := events.AttemptRef{Attempt: att, Pool: pool, Host: host}
+	out := []events.Payload{&events.JobQueued{JobRef: ref}}
+	if st < stageRunning {
+		return out
+	}
+	inProgress := ref
+	inProgress.Delivery += "-p"
+	out = append(out,
+		&events.SlotReserved{Pool: pool, Host: host, Attempt: att, JobID: id, N: 1, Labels: benchPools[pool]},
+		&events.AttemptPlaced{AttemptRef: ar, JobID: id, Labels: benchPools[pool], RunnerID: 100 + id, SealedJIT: sealed, SealedBy: "XDISPATCHER", SealedTo: "X" + host},
+		&events.AttemptProvisioning{AttemptRef: ar},
+		&events.AttemptRunnerStarted{AttemptRef: ar, Took: 40 * time.Millisecond},
+		&events.JobInProgress{JobRef: inProgress, RunnerName: att, RunnerID: 100 + id},
+	)
+	if st < stageDone {
+		return out
+	}
+	completed := ref
+	completed.Delivery += "-c"
+	return append(out,
+		&events.JobCompleted{JobRef: completed, Conclusion: "success", RunnerName: att, RunnerID: 100 + id},
+		&events.SlotReleased{Pool: pool, Host: host, Attempt: att, Reason: events.ReleaseCompleted, JobID: id},
+		&events.AttemptTeardownRequested{AttemptRef: ar, Reason: events.ReleaseCompleted},
+		&events.AttemptStopped{AttemptRef: ar},
+	)
+}
+
+// benchLog numbers facts as the stream would: seq n at t0 + n ms.
+type benchLog struct {
+	f *events.Fleet
+	n uint64
+}
+
+func (l *benchLog) add(ps ...events.Payload) {
+	for _, p := range ps {
+		l.n++
+		e := events.New("bench", t0.Add(time.Duration(l.n)*time.Millisecond), p)
+		e.Seq = l.n
+		l.f.Apply(e)
+	}
+}
+
+// benchFleet folds n jobs over 10 hosts: 10% queued, 10% running, the rest
+// completed and still retained (terminal records stay for the retention).
+func benchFleet(n int) *events.Fleet {
+	l := &benchLog{f: events.NewFleet()}
+	l.add(benchHosts(10, n)...)
+	for i := 0; i < n; i++ {
+		st := stageDone
+		switch i % 10 {
+		case 0:
+			st = stageQueued
+		case 1:
+			st = stageRunning
+		}
+		l.add(benchLifecycle(int64(i+1), "host-"+strconv.Itoa(i%10), st)...)
+	}
+	return l.f
+}
+
+// BenchmarkApplyLifecycle folds one job's ten facts per op into a fleet that
+// keeps every job (as it does within the retention), and reports the heap the
+// fold retains per job after a forced GC. The facts are made by encoding and
+// decoding, off the clock, so they own their memory as delivered facts do.
+func BenchmarkApplyLifecycle(b *testing.B) {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	f := events.NewFleet()
+	seq := uint64(0)
+	for _, h := range benchHosts(10, 100) {
+		seq++
+		e := events.New("bench", t0, h)
+		e.Seq = seq
+		f.Apply(e)
+	}
+	const chunk = 1024
+	var batch []events.Event
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if i%chunk == 0 {
+			b.StopTimer()
+			batch = batch[:0]
+			for j := i; j < i+chunk && j < b.N; j++ {
+				for _, p := range benchLifecycle(int64(j+1), "host-"+strconv.Itoa(j%10), stageDone) {
+					seq++
+					batch = append(batch, decoded(b, events.New("berth/bench", t0.Add(time.Duration(seq)*time.Millisecond), p), seq))
+				}
+			}
+			b.StartTimer()
+		}
+		for _, e := range batch[(i%chunk)*10 : (i%chunk)*10+10] {
+			f.Apply(e)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*10), "ns/event")
+	batch = nil
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if len(f.Jobs) != b.N {
+		b.Fatalf("fleet holds %d jobs after %d lifecycles", len(f.Jobs), b.N)
+	}
+	b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/float64(b.N), "retained-B/job")
+	b.ReportMetric(float64(int64(after.HeapObjects)-int64(before.HeapObjects))/float64(b.N), "retained-objs/job")
+	runtime.KeepAlive(f)
+}
+
+// decoded round-trips a fact through its stored form.
+func decoded(b *testing.B, e events.Event, seq uint64) events.Event {
+	bs, err := events.Marshal(e)
+	if err != nil {
+		b.Fatal(err)
+	}
+	d, err := events.Unmarshal(bs, seq)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return d
+}
+
+// BenchmarkUnmarshalLifecycle decodes one job's ten stored envelopes per op:
+// what a follower pays before the fold (replay is this plus Apply).
+func BenchmarkUnmarshalLifecycle(b *testing.B) {
+	var raw [][]byte
+	for _, p := range benchLifecycle(42, "host-1", stageDone) {
+		bs, err := events.Marshal(events.New("berth/bench", t0, p))
+		if err != nil {
+			b.Fatal(err)
+		}
+		raw = append(raw, bs)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for j, bs := range raw {
+			if _, err := events.Unmarshal(bs, uint64(j+1)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(raw)), "ns/event")
+}
+
+// BenchmarkMarshalLifecycle encodes one job's ten facts per op: what the
+// services pay per append before the publish.
+func BenchmarkMarshalLifecycle(b *testing.B) {
+	var evs []events.Event
+	for _, p := range benchLifecycle(42, "host-1", stageDone) {
+		evs = append(evs, events.New("berth/bench", t0, p))
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for _, e := range evs {
+			if _, err := events.Marshal(e); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(evs)), "ns/event")
+}
+
+// BenchmarkStatus derives the operator's view (the dispatcher's metrics and
+// the watchdog's health call it after every decision) from fleets of growing
+// size.
+func BenchmarkStatus(b *testing.B) {
+	for _, n := range []int{100, 1000, 10000} {
+		b.Run("jobs="+strconv.Itoa(n), func(b *testing.B) {
+			f := benchFleet(n)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				_ = f.Status()
+			}
+		})
+	}
+}
+
+// BenchmarkMatchPool matches a job's runs-on labels against the advertised
+// pools, as Decide and Status do for every queued job.
+func BenchmarkMatchPool(b *testing.B) {
+	many := map[string][]string{}
+	for i := 0; i < 18; i++ {
+		many["pool-"+strconv.Itoa(i)] = []string{"self-hosted", "linux", "x64", "gpu-" + strconv.Itoa(i)}
+	}
+	for name, l := range benchPools {
+		many[name] = l
+	}
+	for _, c := range []struct {
+		name  string
+		pools map[string][]string
+	}{{"pools=2", benchPools}, {"pools=20", many}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				if events.MatchPool(benchJobLabels[i%len(benchJobLabels)], c.pools) == "" {
+					b.Fatal("no pool matched")
+				}
+			}
+		})
+	}
+}

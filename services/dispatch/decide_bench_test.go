@@ -1,0 +1,58 @@
+package dispatch_test
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/dispatch"
+)
+
+// benchFleet folds jobs over 10 hosts. In the "mix" shape 10% of the jobs are
+// queued (demand), 10% running and the rest completed but still retained, as
+// they are for the retention (72 h); in the "retained" shape all but one are
+// completed. Decide runs after every batch of facts, so its cost per call is
+// what the dispatcher's loop pays per batch.
+func benchFleet(n int, shape string) *events.Fleet {
+	f := events.NewFleet()
+	var seq uint64
+	add := func(ps ...events.Payload) {
+		for _, p := range ps {
+			seq++
+			e := events.New("bench", t0.Add(time.Duration(seq)*time.Millisecond), p)
+			e.Seq = seq
+			f.Apply(e)
+		}
+	}
+	for i := 0; i < 10; i++ {
+		add(host("h-"+strconv.Itoa(i), n/10+10, n/10+10))
+	}
+	for i := 0; i < n; i++ {
+		id, h := int64(i+1), "h-"+strconv.Itoa(i%10)
+		switch {
+		case shape == "mix" && i%10 == 0, shape == "retained" && i == 0:
+			add(queued(id))
+		case shape == "mix" && i%10 == 1:
+			add(running(id, h)...)
+		default:
+			add(done(id, h, "success")...)
+		}
+	}
+	return f
+}
+
+func BenchmarkDecide(b *testing.B) {
+	for _, shape := range []string{"mix", "retained"} {
+		for _, n := range []int{100, 1000, 10000} {
+			b.Run(shape+"/jobs="+strconv.Itoa(n), func(b *testing.B) {
+				f := benchFleet(n, shape)
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					_ = dispatch.Decide(f, params)
+				}
+			})
+		}
+	}
+}

@@ -1,0 +1,77 @@
+package dispatch_test
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/dispatch"
+)
+
+// Given a surplus runner that was already placed (its registration exists
+// and it may have taken a job whose in_progress has not arrived), when a
+// job is cancelled before any runner took it, then the dispatcher does not
+// release the slot on that lagging read: it plans to deregister the runner
+// through the API first (law 7). An unplaced booking is released at once.
+func TestAPlacedSurplusRunnerIsDeregisteredBeforeItsSlotIsReleased(t *testing.T) {
+	l := given(t).add(host("h-a", 4, 4), queued(1), queued(2))
+	l.apply(l.decide())
+	r := events.AttemptRef{Attempt: attempt(1, 1), Pool: "linux", Host: "h-a"}
+	l.add(&events.AttemptPlaced{AttemptRef: r, JobID: 1, RunnerID: 77})
+	l.add(completed(1, "", "cancelled"), completed(2, "", "cancelled"))
+	plan := l.decide()
+	if len(plan.Deregister) != 1 || plan.Deregister[0].ID != r.Attempt {
+		t.Fatalf("deregister %v, want the placed attempt %s", plan.Deregister, r.Attempt)
+	}
+	got := attempts(plan.Release)
+	if _, ok := got[r.Attempt]; ok {
+		t.Fatalf("released the placed runner's slot before GitHub confirmed: %v", got)
+	}
+	if got[attempt(2, 1)] != events.ReleaseSurplus {
+		t.Fatalf("unplaced surplus booking not released: %v", got)
+	}
+}
+
+// Deregister maps GitHub's answers: 204 and a confirmed 404 mean gone; 422
+// ("still running a job") is ErrRunnerBusy; anything else is an error to
+// retry.
+func TestDeregisterMapsGitHubsAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		status int
+		want   error
+		isErr  bool
+	}{
+		{http.StatusNoContent, nil, false},
+		{http.StatusNotFound, nil, false},
+		{http.StatusUnprocessableEntity, dispatch.ErrRunnerBusy, true},
+		{http.StatusInternalServerError, nil, true},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != http.MethodDelete || r.URL.Path != "/orgs/example-org/actions/runners/77" {
+				t.Errorf("unexpected %s %s", r.Method, r.URL.Path)
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(tc.status)
+			if tc.status != http.StatusNoContent {
+				w.Write([]byte(`{"message":"Bad request - Runner \"berth-1-1\" is still running a job"}`))
+			}
+		}))
+		gh, err := dispatch.NewGitHubClient(srv.URL, "t", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := &dispatch.GitHubMinter{Client: gh, Scope: "org", Org: "example-org"}
+		err = m.Deregister(t.Context(), 77, "example-org", "example-repo")
+		srv.Close()
+		switch {
+		case !tc.isErr && err != nil:
+			t.Errorf("%d: %v, want gone", tc.status, err)
+		case tc.isErr && err == nil:
+			t.Errorf("%d: nil, want an error", tc.status)
+		case tc.want != nil && !errors.Is(err, tc.want):
+			t.Errorf("%d: %v, want %v", tc.status, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,69 @@
+package watchdog_test
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/watchdog"
+)
+
+// benchFleet folds jobs over 10 hosts. In the "mix" shape 10% of the jobs are
+// queued, 10% running and the rest completed but still retained (as they are
+// for the retention, 72 h); in the "retained" shape all but one are
+// completed. The watchdog decides after every batch and every tick.
+func benchFleet(n int, shape string) *events.Fleet {
+	f := events.NewFleet()
+	var seq uint64
+	add := func(ps ...events.Payload) {
+		for _, p := range ps {
+			seq++
+			e := events.New("bench", t0.Add(time.Duration(seq)*time.Millisecond), p)
+			e.Seq = seq
+			f.Apply(e)
+		}
+	}
+	for i := 0; i < 10; i++ {
+		h := "h-" + strconv.Itoa(i)
+		add(&events.HostOnline{Host: h, Boot: "b1", PhysicalCap: n/10 + 10, CurveKey: "X" + h, Backend: "exec",
+			Pools: map[string]events.PoolSlots{"linux": {Labels: linux, Slots: n/10 + 10}}})
+	}
+	for i := 0; i < n; i++ {
+		id, h := int64(i+1), "h-"+strconv.Itoa(i%10)
+		switch {
+		case shape == "mix" && i%10 == 0, shape == "retained" && i == 0:
+			add(&events.JobQueued{JobRef: job(id)})
+		case shape == "mix" && i%10 == 1:
+			add(running(id, h)...)
+		default:
+			r := aref(id, h)
+			add(running(id, h)...)
+			add(&events.JobCompleted{JobRef: job(id), RunnerName: r.Attempt, Conclusion: "success"},
+				release(id, h, events.ReleaseCompleted),
+				&events.AttemptTeardownRequested{AttemptRef: r, Reason: events.ReleaseCompleted},
+				&events.AttemptStopped{AttemptRef: r})
+		}
+	}
+	return f
+}
+
+func BenchmarkDecide(b *testing.B) {
+	for _, shape := range []string{"mix", "retained"} {
+		for _, n := range []int{100, 1000, 10000} {
+			b.Run(shape+"/jobs="+strconv.Itoa(n), func(b *testing.B) {
+				f := benchFleet(n, shape)
+				now := t0.Add(time.Duration(n) * time.Millisecond * 20)
+				beats := map[string]time.Time{}
+				for h := range f.Hosts {
+					beats[h] = now
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					_ = watchdog.Decide(f, now, beats, params)
+				}
+			})
+		}
+	}
+}

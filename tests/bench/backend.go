@@ -1,0 +1,137 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/berth-ci/berth/services/vmagent/backend"
+	"github.com/berth-ci/berth/tests/ghsim"
+)
+
+// InProc is a vmagent backend whose "VM" is a simulated runner goroutine
+// (ghsim.RunRunner) in this process: no process is spawned per job, so the
+// bench measures Berth rather than fork and exec. Create starts the runner
+// with the JIT config the agent wrote to vm.JITConfigFile; Stop cancels it.
+// With Wedge set, Stop never returns (until Close): every teardown hangs,
+// like a macOS VM stop that never came back.
+type InProc struct {
+	Wedge bool
+
+	root    context.Context
+	cancel  context.CancelFunc
+	unwedge chan struct{}
+	wg      sync.WaitGroup
+
+	mu       sync.Mutex
+	live     map[string]*simVM
+	closed   bool
+	failures int
+}
+
+type simVM struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// NewInProc returns a backend; Close it after the agent has stopped.
+func NewInProc(wedge bool) *InProc {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &InProc{Wedge: wedge, root: ctx, cancel: cancel, unwedge: make(chan struct{}), live: map[string]*simVM{}}
+}
+
+// Name implements backend.Backend.
+func (b *InProc) Name() string { return "bench-inproc" }
+
+// Create implements backend.Backend: it starts the runner and returns.
+func (b *InProc) Create(ctx context.Context, vm backend.VM) error {
+	raw, err := os.ReadFile(vm.JITConfigFile)
+	if err != nil {
+		return fmt.Errorf("read JIT config: %w", err)
+	}
+	enc := strings.TrimSpace(string(raw))
+	if _, err := ghsim.DecodeJITConfig(enc); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return fmt.Errorf("backend closed")
+	}
+	if _, ok := b.live[vm.Attempt]; ok {
+		return nil // created already: idempotent per attempt
+	}
+	rctx, cancel := context.WithCancel(b.root)
+	v := &simVM{cancel: cancel, done: make(chan struct{})}
+	b.live[vm.Attempt] = v
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		defer close(v.done)
+		defer cancel()
+		if err := ghsim.RunRunner(rctx, enc, nil); err != nil && rctx.Err() == nil {
+			b.mu.Lock()
+			b.failures++
+			b.mu.Unlock()
+		}
+	}()
+	return nil
+}
+
+// Stop implements backend.Backend: it cancels the runner and waits for it,
+// or, wedged, blocks until Close whatever its context says.
+func (b *InProc) Stop(ctx context.Context, vm backend.VM) error {
+	if b.Wedge {
+		<-b.unwedge
+		return nil
+	}
+	b.mu.Lock()
+	v := b.live[vm.Attempt]
+	delete(b.live, vm.Attempt)
+	b.mu.Unlock()
+	if v == nil {
+		return nil
+	}
+	v.cancel()
+	select {
+	case <-v.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// List implements backend.Backend: the attempts whose VM exists.
+func (b *InProc) List(ctx context.Context) ([]string, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]string, 0, len(b.live))
+	for id := range b.live {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// RunnerFailures counts runners that ended with an error of their own (not
+// a stop): the simulator refused them or was unreachable.
+func (b *InProc) RunnerFailures() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.failures
+}
+
+// Close releases wedged stops, stops every runner and waits for them.
+func (b *InProc) Close() {
+	b.mu.Lock()
+	if !b.closed {
+		b.closed = true
+		close(b.unwedge)
+	}
+	b.mu.Unlock()
+	b.cancel()
+	b.wg.Wait()
+}

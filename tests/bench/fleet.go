@@ -1,0 +1,221 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/config"
+	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/run"
+	"github.com/berth-ci/berth/tests/ghsim"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Pool labels the bench fleet offers on every host.
+var (
+	LinuxLabels = []string{"self-hosted", "linux", "x64"}
+	MacLabels   = []string{"self-hosted", "macos", "arm64"}
+)
+
+// FleetOptions shape one system under test.
+type FleetOptions struct {
+	Hosts      int
+	LinuxSlots int // per host
+	MacSlots   int // per host
+	// PhysicalCap per host; 0 means the sum of the slots.
+	PhysicalCap int
+	// WedgeStops makes every backend stop hang until the fleet is closed.
+	WedgeStops bool
+	// StopTimeout is the agents' stop deadline; 0 means 15 s.
+	StopTimeout time.Duration
+	// AbandonedCap is the watchdog's abandoned-VM cordon threshold; 0 keeps
+	// the default (2).
+	AbandonedCap int
+	Fixtures     string
+	Logger       *slog.Logger
+}
+
+// Fleet is a running system: embedded NATS, the GitHub simulator, the
+// dispatcher, the watchdog and one agent per host with an InProc backend.
+type Fleet struct {
+	Sim      *ghsim.Sim
+	Sys      *run.System
+	NATSURL  string
+	NC       *nats.Conn // the bench's own connection (observers, references)
+	JS       jetstream.JetStream
+	Backends []*InProc
+	Hosts    int
+
+	dir string
+	srv interface {
+		Shutdown()
+		WaitForShutdown()
+	}
+	cancel context.CancelFunc
+}
+
+// StartFleet starts a fleet and waits until the dispatcher's fold shows every
+// host online.
+func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.StopTimeout == 0 {
+		o.StopTimeout = 15 * time.Second
+	}
+	dir, err := os.MkdirTemp("", "berth-bench-")
+	if err != nil {
+		return nil, err
+	}
+	f := &Fleet{dir: dir, Hosts: o.Hosts}
+	defer func() {
+		if err != nil {
+			f.Close()
+		}
+	}()
+	srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: filepath.Join(dir, "nats")})
+	if err != nil {
+		return f, err
+	}
+	f.srv, f.NATSURL = srv, srv.ClientURL()
+	dispAddr, err := freeAddr()
+	if err != nil {
+		return f, err
+	}
+	const secret = "bench-secret"
+	f.Sim, err = ghsim.New(ghsim.Config{WebhookURL: "http://" + dispAddr + "/webhook", WebhookSecret: secret,
+		Org: "example-org", Repo: "example-repo", FixturesDir: o.Fixtures, AcquireTimeout: 5 * time.Second})
+	if err != nil {
+		return f, err
+	}
+	simURL, err := f.Sim.Start("127.0.0.1:0")
+	if err != nil {
+		return f, err
+	}
+	cfg := &config.Config{
+		DataDir: dir,
+		NATS:    config.NATS{URL: f.NATSURL},
+		Dispatcher: config.Dispatcher{Listen: dispAddr, WebhookSecret: secret,
+			GitHub: config.GitHub{APIURL: simURL, Token: "sim-token", Scope: "org", Org: "example-org"}},
+		Watchdog: config.Watchdog{Listen: "127.0.0.1:0", AbandonedCap: o.AbandonedCap,
+			ProvisionTimeout: 2 * time.Minute, RegistrationTimeout: 2 * time.Minute},
+	}
+	cfg.Defaults()
+	sctx, cancel := context.WithCancel(context.Background())
+	f.cancel = cancel
+	// Dev starts the dispatcher and the watchdog on the server above (the
+	// config names it, so Dev embeds none) and no agent: the agents get the
+	// in-process backend below.
+	f.Sys, err = run.Dev(sctx, cfg, o.Logger)
+	if err != nil {
+		return f, err
+	}
+	for i := 0; i < o.Hosts; i++ {
+		ac := config.Agent{
+			Host: "host-" + strconv.Itoa(i), Listen: "127.0.0.1:0", Heartbeat: time.Second,
+			PhysicalCap: o.PhysicalCap, ShutdownTimeout: time.Millisecond,
+			Pools: map[string]config.Pool{"linux": {Labels: LinuxLabels, Slots: o.LinuxSlots}},
+			Backend: config.Backend{Kind: "bench", Exec: config.Exec{
+				CreateTimeout: 20 * time.Second, StopTimeout: o.StopTimeout}},
+		}
+		if o.MacSlots > 0 {
+			ac.Pools["macos"] = config.Pool{Labels: MacLabels, Slots: o.MacSlots}
+		}
+		one := &config.Config{Agents: []config.Agent{ac}}
+		one.Defaults()
+		be := NewInProc(o.WedgeStops)
+		f.Backends = append(f.Backends, be)
+		if _, err := run.AgentWith(sctx, f.Sys, cfg, one.Agents[0], be, o.Logger); err != nil {
+			return f, err
+		}
+	}
+	f.NC, f.JS, err = eventlog.Connect(f.NATSURL, "berth-bench")
+	if err != nil {
+		return f, err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		online := 0
+		if err := f.Snapshot(ctx, func(fl *events.Fleet) {
+			for _, h := range fl.Hosts {
+				if h.Accepts() && h.CurveKey != "" {
+					online++
+				}
+			}
+		}); err != nil {
+			return f, err
+		}
+		if online == o.Hosts {
+			return f, nil
+		}
+		if time.Now().After(deadline) {
+			return f, fmt.Errorf("only %d of %d hosts online in the dispatcher's fold after 30s", online, o.Hosts)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Snapshot runs fn on the dispatcher's loop with its fold, bounded by 10 s.
+func (f *Fleet) Snapshot(ctx context.Context, fn func(*events.Fleet)) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return f.Sys.Dispatcher.Snapshot(ctx, fn)
+}
+
+// Close stops the services (agents drain at once), releases wedged stops,
+// closes the simulator and the server, and removes the temporary directory.
+func (f *Fleet) Close() error {
+	var errs []error
+	if f.cancel != nil {
+		f.cancel()
+	}
+	if f.Sys != nil {
+		if err := f.Sys.Wait(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, b := range f.Backends {
+		b.Close()
+	}
+	if f.NC != nil {
+		f.NC.Close()
+	}
+	if f.Sim != nil {
+		f.Sim.Close()
+	}
+	if f.srv != nil {
+		f.srv.Shutdown()
+		f.srv.WaitForShutdown()
+	}
+	if err := os.RemoveAll(f.dir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// RunnerFailures sums the runners that failed on their own across hosts.
+func (f *Fleet) RunnerFailures() int {
+	n := 0
+	for _, b := range f.Backends {
+		n += b.RunnerFailures()
+	}
+	return n
+}
+
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}

@@ -1,0 +1,635 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/tests/ghsim"
+)
+
+// Env is what every phase shares.
+type Env struct {
+	Fixtures string
+	Logger   *slog.Logger
+	Seed     uint64
+	// Timeout bounds each phase's main wait; Stall fails it sooner when
+	// nothing moves for that long.
+	Timeout, Stall time.Duration
+	// BareLabel adds jobs whose runs-on is just "self-hosted" (either pool's
+	// runners may take them) to every workload.
+	BareLabel bool
+	// Progress receives one line per step; nil for none.
+	Progress func(format string, args ...any)
+}
+
+func (e Env) say(format string, args ...any) {
+	if e.Progress != nil {
+		e.Progress(format, args...)
+	}
+}
+
+func (e Env) fleet(ctx context.Context, o FleetOptions) (*Fleet, error) {
+	o.Fixtures, o.Logger = e.Fixtures, e.Logger
+	return StartFleet(ctx, o)
+}
+
+// run starts a counter at the end of the log, enqueues specs through feed,
+// waits for done, and returns the stored facts of the run.
+type runOut struct {
+	base, last uint64
+	log        []Stored
+	tl         Timeline
+	start      time.Time // first enqueue
+	enqueued   time.Time // last enqueue
+}
+
+// feed says how jobs are offered: all at once, at a rate, or with at most
+// limit of them unfinished.
+type feed struct {
+	rate  float64 // jobs per second; 0 with limit 0: as fast as the sim takes them
+	limit int64   // max jobs enqueued and not completed; 0 for no limit
+}
+
+func (e Env) drive(ctx context.Context, phase string, f *Fleet, specs []ghsim.JobSpec, fd feed, done func(c *Counter) bool) (runOut, error) {
+	var out runOut
+	var err error
+	if out.base, err = LastSeq(ctx, f.JS); err != nil {
+		return out, err
+	}
+	c, err := Count(ctx, f.JS, out.base+1)
+	if err != nil {
+		return out, err
+	}
+	defer c.Stop()
+	n := int64(len(specs))
+	status := func() string {
+		total, last := c.Total()
+		return fmt.Sprintf("%d of %d jobs completed; log: %d queued, %d reserved, %d placed, %d released, %d stopped, %d facts, the last %s ago; runner failures %d",
+			c.Get(events.TypeJobCompleted), n, c.Get(events.TypeJobQueued), c.Get(events.TypeSlotReserved), c.Get(events.TypeAttemptPlaced),
+			c.Get(events.TypeSlotReleased), c.Get(events.TypeAttemptStopped), total, time.Since(last).Round(time.Millisecond), f.RunnerFailures())
+	}
+	progress := func() int64 { t, _ := c.Total(); return t }
+	out.start = time.Now()
+	deadline := out.start.Add(e.Timeout)
+	for i := range specs {
+		if fd.rate > 0 {
+			due := out.start.Add(time.Duration(float64(i) / fd.rate * float64(time.Second)))
+			if d := time.Until(due); d > 0 {
+				time.Sleep(d)
+			}
+		}
+		if fd.limit > 0 {
+			for int64(i)-c.Get(events.TypeJobCompleted) >= fd.limit {
+				if time.Now().After(deadline) || ctx.Err() != nil {
+					return out, fmt.Errorf("phase %s: feeding stuck at job %d: %s", phase, i, status())
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		f.Sim.Enqueue(specs[i])
+	}
+	out.enqueued = time.Now()
+	if err := Wait(ctx, phase, e.Timeout, e.Stall, func() bool { return done(c) }, progress, status); err != nil {
+		return out, fmt.Errorf("%w\n%s", err, diagnose(ctx, f))
+	}
+	if err := c.Err(); err != nil {
+		return out, fmt.Errorf("phase %s: log follower: %w", phase, err)
+	}
+	if out.last, err = LastSeq(ctx, f.JS); err != nil {
+		return out, err
+	}
+	if out.log, err = ReadLog(ctx, f.JS, out.base+1, out.last, time.Minute); err != nil {
+		return out, err
+	}
+	out.tl = BuildTimeline(out.log)
+	return out, nil
+}
+
+func settled(n int) func(*Counter) bool { return func(c *Counter) bool { return c.Settled(int64(n)) } }
+
+// ThroughputOptions size the throughput phase.
+type ThroughputOptions struct {
+	Jobs, Hosts int
+	CPUProfile  string // write a CPU profile of the run here when not ""
+}
+
+// Throughput enqueues jobs of zero duration as fast as the simulator takes
+// them and measures whole lifecycles per second (queued → completed, slot
+// released, VM stopped) through every service, beside the raw JetStream
+// async-publish rate on the same server divided by the events a job costs.
+func Throughput(ctx context.Context, e Env, o ThroughputOptions) (Result, error) {
+	res := Result{Phase: "throughput"}
+	f, err := e.fleet(ctx, FleetOptions{Hosts: o.Hosts, LinuxSlots: 64, MacSlots: 32})
+	if err != nil {
+		return res, err
+	}
+	defer f.Close()
+	specs := Workload(o.Jobs, e.Seed, 0.3, 0, 0, e.BareLabel)
+	e.say("throughput: %d jobs of zero duration on %d hosts (64 linux + 32 macos slots each)", o.Jobs, o.Hosts)
+	if o.CPUProfile != "" {
+		pf, err := os.Create(o.CPUProfile)
+		if err != nil {
+			return res, err
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return res, err
+		}
+	}
+	run, err := e.drive(ctx, "throughput", f, specs, feed{}, settled(o.Jobs))
+	if o.CPUProfile != "" {
+		pprof.StopCPUProfile()
+	}
+	if err != nil {
+		return res, err
+	}
+	facts := float64(run.last - run.base)
+	elapsed := run.tl.LastRelease.Sub(run.start)
+	jobsPerSec := rate(float64(o.Jobs), elapsed)
+	perJob := facts / float64(o.Jobs)
+	size := run.tl.Bytes / max(len(run.log), 1)
+	e.say("throughput: %.1f jobs/s, %.1f facts/job of %d bytes on average; measuring raw publishes", jobsPerSec, perJob, size)
+	n := max(20000, int(2*facts))
+	raw, err := RawAsyncPublish(ctx, f.NATSURL, n, size, 2*time.Minute)
+	if err != nil {
+		return res, err
+	}
+	syncD, syncRate, err := RawSyncPublish(ctx, f.NATSURL, 3000, size, time.Minute)
+	if err != nil {
+		return res, err
+	}
+	bound := raw / perJob
+	res.Rows = append(res.Rows,
+		Row{Figure: fmt.Sprintf("Throughput: job lifecycles/s, %d jobs of 0 s, all services, sim at zero latency", o.Jobs),
+			Value:     num(jobsPerSec) + " jobs/s",
+			Reference: fmt.Sprintf("JetStream async publish %s msg/s ÷ %.1f facts/job = %s jobs/s", num(raw), perJob, num(bound)),
+			Ratio:     ratio(jobsPerSec, bound), Target: "none set (issue 9 asks for the figure)"},
+		Row{Figure: "Events one job costs (facts in the log per job)", Value: fmt.Sprintf("%.2f facts, %d B each on average", perJob, size),
+			Reference: "10 facts in a clean lifecycle", Ratio: ratio(perJob, 10)},
+		Row{Figure: "Log appends/s during the throughput run (all writers)", Value: num(rate(facts, elapsed)) + " facts/s",
+			Reference: fmt.Sprintf("one client's sync publishes %s msg/s (RTT %s)", num(syncRate), pq(syncD)),
+			Ratio:     ratio(rate(facts, elapsed), syncRate)},
+	)
+	types := make([]string, 0, len(run.tl.Types))
+	for t := range run.tl.Types {
+		types = append(types, t)
+	}
+	sort.Strings(types)
+	var mix []string
+	for _, t := range types {
+		mix = append(mix, fmt.Sprintf("%s %.2f", strings.TrimSuffix(strings.TrimPrefix(t, "berth."), ".v1"), float64(run.tl.Types[t])/float64(o.Jobs)))
+	}
+	life := []time.Duration{}
+	for _, j := range run.tl.Jobs {
+		if !j.Released.IsZero() && !j.Queued.IsZero() {
+			life = append(life, j.Released.Sub(j.Queued))
+		}
+	}
+	res.Notes = append(res.Notes,
+		fmt.Sprintf("facts per job by type: %s", strings.Join(mix, ", ")),
+		fmt.Sprintf("elapsed from the first enqueue to the last slot released: %s; per job, webhook accepted → slot released %s; job completed → slot released %s; runner failures %d",
+			ms(elapsed), pq(Summarize(life)), pq(Summarize(run.tl.ReleaseLatency())), f.RunnerFailures()),
+		"the raw references publish to a scratch stream on the same server with no Nats-Msg-Id and no expected-sequence check; Berth's appends carry both and wait for each ack",
+	)
+	if o.CPUProfile != "" {
+		res.Notes = append(res.Notes, "measured with the CPU profiler on (see the profile below)")
+	}
+	return res, nil
+}
+
+// LatencyOptions size the dispatch-latency phase.
+type LatencyOptions struct {
+	Rates   []int
+	Window  time.Duration // how long each rate is offered
+	MaxJobs int           // cap on jobs per rate
+	Hosts   int
+}
+
+// DispatchLatency offers zero-duration jobs at each rate to a fresh fleet
+// and measures webhook accepted (JobQueued stored) → placement stored
+// (AttemptPlaced stored), beside one JetStream publish round trip on the
+// same server.
+func DispatchLatency(ctx context.Context, e Env, o LatencyOptions) (Result, error) {
+	res := Result{Phase: "dispatch latency"}
+	for _, r := range o.Rates {
+		jobs := min(int(float64(r)*o.Window.Seconds()), o.MaxJobs)
+		if jobs < 1 {
+			continue
+		}
+		e.say("dispatch latency: %d jobs offered at %d jobs/s on %d hosts", jobs, r, o.Hosts)
+		row, notes, err := e.latencyAt(ctx, r, jobs, o.Hosts)
+		if err != nil {
+			return res, err
+		}
+		res.Rows = append(res.Rows, row)
+		res.Notes = append(res.Notes, notes...)
+	}
+	res.Notes = append(res.Notes, "the simulator delivers webhooks one at a time, in order, as one GitHub hook does; the delivery lag above is the queue in front of the dispatcher's intake")
+	return res, nil
+}
+
+func (e Env) latencyAt(ctx context.Context, r, jobs, hosts int) (Row, []string, error) {
+	f, err := e.fleet(ctx, FleetOptions{Hosts: hosts, LinuxSlots: 150, MacSlots: 60})
+	if err != nil {
+		return Row{}, nil, err
+	}
+	defer f.Close()
+	specs := Workload(jobs, e.Seed+uint64(r), 0.3, 0, 0, e.BareLabel)
+	run, err := e.drive(ctx, fmt.Sprintf("dispatch latency at %d jobs/s", r), f, specs, feed{rate: float64(r)}, settled(jobs))
+	if err != nil {
+		return Row{}, nil, err
+	}
+	d := Summarize(run.tl.PlaceLatency())
+	rtt, _, err := RawSyncPublish(ctx, f.NATSURL, 2000, 600, time.Minute)
+	if err != nil {
+		return Row{}, nil, err
+	}
+	var first, last time.Time
+	var lag []time.Duration
+	for _, j := range f.Sim.Jobs() {
+		t := run.tl.Jobs[j.ID]
+		if t == nil || t.Queued.IsZero() {
+			continue
+		}
+		lag = append(lag, t.Queued.Sub(j.QueuedAt))
+		if first.IsZero() || t.Queued.Before(first) {
+			first = t.Queued
+		}
+		if t.Queued.After(last) {
+			last = t.Queued
+		}
+	}
+	offered := rate(float64(jobs-1), run.enqueued.Sub(run.start))
+	accepted := rate(float64(len(lag)-1), last.Sub(first))
+	row := Row{Figure: fmt.Sprintf("Dispatch latency @ %d jobs/s offered (webhook accepted → placement stored), %d jobs", r, jobs),
+		Value:     pq(d),
+		Reference: "one sync publish RTT " + pq(rtt),
+		Ratio:     fmt.Sprintf("p50 %s, p99 %s", ratio(float64(d.P50), float64(rtt.P50)), ratio(float64(d.P99), float64(rtt.P99))),
+		Target:    "none set"}
+	notes := []string{fmt.Sprintf("at %d jobs/s: offered %s jobs/s, webhooks accepted at %s jobs/s; delivery lag (sim enqueue → accepted) %s; placements %d of %d jobs",
+		r, num(offered), num(accepted), pq(Summarize(lag)), d.N, jobs)}
+	return row, notes, nil
+}
+
+// ReleaseOptions size the release-latency phase.
+type ReleaseOptions struct {
+	Jobs, Hosts int
+	Rate        float64
+}
+
+// ReleaseLatency runs the same workload twice on fresh fleets, once with
+// teardowns that return and once with every backend stop wedged forever,
+// and measures job completed → slot released (both stored).
+func ReleaseLatency(ctx context.Context, e Env, o ReleaseOptions) (Result, error) {
+	res := Result{Phase: "release latency"}
+	var dists [2]Dist
+	var notes []string
+	for i, wedge := range []bool{false, true} {
+		e.say("release latency: %d jobs at %.0f jobs/s on %d hosts, stops wedged: %v", o.Jobs, o.Rate, o.Hosts, wedge)
+		f, err := e.fleet(ctx, FleetOptions{Hosts: o.Hosts, LinuxSlots: 32, MacSlots: 16, PhysicalCap: o.Jobs + 64,
+			WedgeStops: wedge, StopTimeout: time.Second, AbandonedCap: o.Jobs + 1})
+		if err != nil {
+			return res, err
+		}
+		specs := Workload(o.Jobs, e.Seed+99, 0.3, 0, 10*time.Millisecond, e.BareLabel)
+		done := func(c *Counter) bool {
+			return c.Get(events.TypeJobCompleted) >= int64(o.Jobs) && c.Get(events.TypeSlotReleased) >= c.Get(events.TypeSlotReserved)
+		}
+		run, err := e.drive(ctx, fmt.Sprintf("release latency (wedged %v)", wedge), f, specs, feed{rate: o.Rate}, done)
+		f.Close()
+		if err != nil {
+			return res, err
+		}
+		dists[i] = Summarize(run.tl.ReleaseLatency())
+		if wedge {
+			notes = append(notes, fmt.Sprintf("wedged run: %d jobs completed, %d slots released, %d VMs abandoned, %d stopped (every stop hung; stop deadline 1 s, abandoned-VM cordon cap raised above the job count so the fleet keeps placing)",
+				dists[i].N, run.tl.Types[events.TypeSlotReleased], run.tl.Types[events.TypeAttemptAbandoned], run.tl.Types[events.TypeAttemptStopped]))
+		}
+	}
+	w, n := dists[1], dists[0]
+	res.Rows = append(res.Rows, Row{
+		Figure:    fmt.Sprintf("Release latency, every teardown wedged forever (job completed → slot released), %d jobs at %.0f/s", o.Jobs, o.Rate),
+		Value:     pq(w),
+		Reference: "same workload, teardowns return: " + pq(n),
+		Ratio:     fmt.Sprintf("p50 %s, p99 %s", ratio(float64(w.P50), float64(n.P50)), ratio(float64(w.P99), float64(n.P99))),
+		Target:    "release never waits on teardown (law 2): ratio ≈ 1",
+	})
+	res.Notes = notes
+	return res, nil
+}
+
+// MemoryOptions size the memory phase.
+type MemoryOptions struct {
+	Warmup, Jobs   int
+	HeapProfileDir string // write heap profiles before and after here when not ""
+}
+
+type memPoint struct {
+	heap, objects uint64
+	goroutines    int
+}
+
+func measure() memPoint {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return memPoint{heap: m.HeapAlloc, objects: m.HeapObjects, goroutines: runtime.NumGoroutine()}
+}
+
+// quiet waits until the goroutine count holds still for a second (at most
+// 15 s): runners, HTTP connections and steps of the last jobs wind down;
+// then past the NATS file store's block-cache expiry (10 s without
+// activity), so the server's transient read cache is not counted as
+// retained.
+func quiet() {
+	defer time.Sleep(11 * time.Second)
+	last, since := runtime.NumGoroutine(), time.Now()
+	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); {
+		time.Sleep(100 * time.Millisecond)
+		if n := runtime.NumGoroutine(); n != last {
+			last, since = n, time.Now()
+		} else if time.Since(since) >= time.Second {
+			return
+		}
+	}
+}
+
+func heapProfile(dir, name string) error {
+	if dir == "" {
+		return nil
+	}
+	f, err := os.Create(dir + "/" + name)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return pprof.Lookup("heap").WriteTo(f, 0)
+}
+
+// Memory runs a warm-up, measures the heap after a forced GC (twice), runs
+// N more jobs of varied content through the dispatcher, the watchdog and one
+// agent with the simulator and NATS alive, measures again once quiet, and
+// reports retained bytes, objects and goroutines per job.
+func Memory(ctx context.Context, e Env, o MemoryOptions) (Result, error) {
+	res := Result{Phase: "memory"}
+	f, err := e.fleet(ctx, FleetOptions{Hosts: 1, LinuxSlots: 16, MacSlots: 8})
+	if err != nil {
+		return res, err
+	}
+	defer f.Close()
+	specs := Workload(o.Warmup+o.Jobs, e.Seed+7, 0.3, 0, 20*time.Millisecond, e.BareLabel)
+	fd := feed{limit: 24}
+	e.say("memory: warm-up of %d jobs, then %d jobs, one agent, at most 24 unfinished", o.Warmup, o.Jobs)
+	if _, err := e.drive(ctx, "memory warm-up", f, specs[:o.Warmup], fd, settled(o.Warmup)); err != nil {
+		return res, err
+	}
+	quiet()
+	before := measure()
+	if err := heapProfile(o.HeapProfileDir, "heap-before.pb.gz"); err != nil {
+		return res, err
+	}
+	if _, err := e.drive(ctx, "memory", f, specs[o.Warmup:], fd, settled(o.Jobs)); err != nil {
+		return res, err
+	}
+	quiet()
+	after := measure()
+	if err := heapProfile(o.HeapProfileDir, "heap-after.pb.gz"); err != nil {
+		return res, err
+	}
+	// The simulator keeps every job and every webhook it sent: close it
+	// and measure again to see its share.
+	simBytes := 0
+	for _, d := range f.Sim.Deliveries() {
+		simBytes += len(d.Body)
+	}
+	f.Sim.Close()
+	f.Sim = nil
+	noSim := measure()
+	var foldJobs, foldAttempts int
+	if err := f.Snapshot(ctx, func(fl *events.Fleet) { foldJobs, foldAttempts = len(fl.Jobs), len(fl.Attempts) }); err != nil {
+		return res, err
+	}
+	n := float64(o.Jobs)
+	perJob := (float64(after.heap) - float64(before.heap)) / n
+	objs := (float64(after.objects) - float64(before.objects)) / n
+	all := float64(o.Warmup + o.Jobs)
+	simJob := (float64(after.heap) - float64(noSim.heap)) / all
+	simObjs := (float64(after.objects) - float64(noSim.objects)) / all
+	res.Rows = append(res.Rows,
+		Row{Figure: fmt.Sprintf("Memory: retained heap per job over %d jobs, whole process (after a forced GC, twice)", o.Jobs),
+			Value:     fmt.Sprintf("%s and %.1f objects per job", bytesStr(perJob), objs),
+			Reference: fmt.Sprintf("heap after a %d-job warm-up: %s, %s objects", o.Warmup, bytesStr(float64(before.heap)), commas(int64(before.objects))),
+			Ratio:     "heap ×" + fmt.Sprintf("%.2f", float64(after.heap)/float64(before.heap)),
+			Target:    "flat in job count (law 5); GitLab's manager kept ~4.5 KB and 17 objects per job"},
+		Row{Figure: "Memory: the same without the simulator's share (Berth's three folds and the NATS server)",
+			Value:     fmt.Sprintf("%s and %.1f objects per job", bytesStr(perJob-simJob), objs-simObjs),
+			Reference: fmt.Sprintf("the simulator keeps %s and %.1f objects per job (heap drop when it is closed ÷ all jobs)", bytesStr(simJob), simObjs),
+			Target:    "flat in job count (law 5)"},
+		Row{Figure: "Memory: goroutines before → after the jobs", Value: fmt.Sprintf("%d → %d", before.goroutines, after.goroutines),
+			Reference: "", Ratio: fmt.Sprintf("%+.3f per job", float64(after.goroutines-before.goroutines)/n),
+			Target: "no goroutine outlives its job (law 5)"},
+	)
+	res.Notes = append(res.Notes,
+		fmt.Sprintf("the heap is the whole process: besides the dispatcher, the watchdog and the agent it holds the simulator (it keeps every job and every webhook body: %s per job of bodies alone) and the embedded NATS server (message-id window of 2 min, per-subject index); measured 11 s after the last fact, past the file store's block-cache expiry",
+			bytesStr(float64(simBytes)/all)),
+		fmt.Sprintf("the dispatcher's fold still holds %d jobs and %d attempts: terminal records stay for the retention (72 h by default), in each of the three folds", foldJobs, foldAttempts),
+	)
+	if o.HeapProfileDir != "" {
+		res.Notes = append(res.Notes, "heap profiles: `go tool pprof -top -diff_base "+o.HeapProfileDir+"/heap-before.pb.gz "+o.HeapProfileDir+"/heap-after.pb.gz`")
+	}
+	return res, nil
+}
+
+// ReplayOptions size the replay phase.
+type ReplayOptions struct {
+	Jobs int
+}
+
+// Replay writes many lifecycles to a fresh server and measures
+// eventlog.Replay (decode and fold) against a raw ordered consumer reading
+// the same stream, best of two rounds each.
+func Replay(ctx context.Context, e Env, o ReplayOptions) (Result, error) {
+	res := Result{Phase: "replay"}
+	dir, err := os.MkdirTemp("", "berth-bench-replay-")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(dir)
+	srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: dir})
+	if err != nil {
+		return res, err
+	}
+	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
+	nc, js, err := eventlog.Connect(srv.ClientURL(), "berth-bench-replay")
+	if err != nil {
+		return res, err
+	}
+	defer nc.Close()
+	if _, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{}); err != nil {
+		return res, err
+	}
+	e.say("replay: writing %d job lifecycles", o.Jobs)
+	total, err := Synthesize(ctx, srv.ClientURL(), 10, o.Jobs, e.Timeout)
+	if err != nil {
+		return res, err
+	}
+	var bestRaw, bestReplay float64
+	var bytes uint64
+	for round := 0; round < 2; round++ {
+		raw, b, err := RawRead(ctx, js, e.Timeout)
+		if err != nil {
+			return res, err
+		}
+		bytes = b
+		bestRaw = math.Max(bestRaw, raw)
+		rctx, cancel := context.WithTimeout(ctx, e.Timeout)
+		start := time.Now()
+		fl, err := eventlog.Replay(rctx, js, nil)
+		took := time.Since(start)
+		cancel()
+		if err != nil {
+			return res, fmt.Errorf("replay: %w", err)
+		}
+		if fl.Applied != total || len(fl.Jobs) != o.Jobs {
+			return res, fmt.Errorf("replay folded %d facts and %d jobs, want %d and %d", fl.Applied, len(fl.Jobs), total, o.Jobs)
+		}
+		bestReplay = math.Max(bestReplay, rate(float64(total), took))
+		e.say("replay: round %d: raw %s msg/s, replay %s events/s", round+1, num(raw), num(rate(float64(total), took)))
+	}
+	res.Rows = append(res.Rows, Row{
+		Figure:    fmt.Sprintf("Replay: events/s rebuilding the projection (eventlog.Replay), %s events", commas(int64(total))),
+		Value:     num(bestReplay) + " events/s",
+		Reference: "raw ordered consumer, same stream: " + num(bestRaw) + " msg/s",
+		Ratio:     ratio(bestReplay, bestRaw), Target: "none set",
+	})
+	res.Notes = append(res.Notes, fmt.Sprintf("%s events (%s) from %d synthetic lifecycles of ten facts, written with the services' ids and headers; best of two rounds each; a full rebuild takes %s",
+		commas(int64(total)), bytesStr(float64(bytes)), o.Jobs, ms(time.Duration(float64(total)/bestReplay*float64(time.Second)))))
+	return res, nil
+}
+
+// ScaleOptions size the scale phase.
+type ScaleOptions struct {
+	Hosts, Jobs int
+	Duration    time.Duration
+}
+
+// Scale enqueues many jobs of a fixed duration at once across many hosts
+// (4 linux and 2 macos slots each) and compares the concurrency reached and
+// the makespan with what the slots allow.
+func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
+	res := Result{Phase: "scale"}
+	f, err := e.fleet(ctx, FleetOptions{Hosts: o.Hosts, LinuxSlots: 4, MacSlots: 2})
+	if err != nil {
+		return res, err
+	}
+	defer f.Close()
+	specs := Workload(o.Jobs, e.Seed+3, 0.3, o.Duration, o.Duration, e.BareLabel)
+	e.say("scale: %d jobs of %s at once on %d hosts (%d linux + %d macos slots)", o.Jobs, o.Duration, o.Hosts, 4*o.Hosts, 2*o.Hosts)
+	run, err := e.drive(ctx, "scale", f, specs, feed{}, settled(o.Jobs))
+	if err != nil {
+		return res, err
+	}
+	pools := map[string][]string{"linux": LinuxLabels, "macos": MacLabels}
+	perPool := map[string]int{}
+	for _, s := range specs {
+		perPool[events.MatchPool(s.Labels, pools)]++
+	}
+	waves := math.Max(math.Ceil(float64(perPool["linux"])/float64(4*o.Hosts)), math.Ceil(float64(perPool["macos"])/float64(2*o.Hosts)))
+	ideal := time.Duration(waves) * o.Duration
+	type edge struct {
+		at time.Time
+		d  int
+	}
+	var edges []edge
+	var q2s []time.Duration
+	var end time.Time
+	for _, j := range f.Sim.Jobs() {
+		if j.StartedAt.IsZero() || j.CompletedAt.IsZero() {
+			continue
+		}
+		edges = append(edges, edge{j.StartedAt, +1}, edge{j.CompletedAt, -1})
+		q2s = append(q2s, j.StartedAt.Sub(j.QueuedAt))
+		if j.CompletedAt.After(end) {
+			end = j.CompletedAt
+		}
+	}
+	sort.Slice(edges, func(i, k int) bool {
+		if !edges[i].at.Equal(edges[k].at) {
+			return edges[i].at.Before(edges[k].at)
+		}
+		return edges[i].d < edges[k].d
+	})
+	peak, cur := 0, 0
+	for _, x := range edges {
+		cur += x.d
+		peak = max(peak, cur)
+	}
+	slots := 6 * o.Hosts
+	makespan := end.Sub(run.start)
+	res.Rows = append(res.Rows,
+		Row{Figure: fmt.Sprintf("Scale: peak concurrent jobs, %d jobs of %s on %d hosts", o.Jobs, o.Duration, o.Hosts),
+			Value: fmt.Sprint(peak), Reference: fmt.Sprintf("%d slots offered", slots), Ratio: ratio(float64(peak), float64(slots)), Target: "none set"},
+		Row{Figure: "Scale: makespan (first enqueue → last job completed)", Value: ms(makespan),
+			Reference: fmt.Sprintf("%.0f waves of %s the slots allow: %s", waves, o.Duration, ms(ideal)), Ratio: ratio(float64(makespan), float64(ideal)), Target: "none set"},
+		Row{Figure: "Scale: queued → a runner took the job", Value: pq(Summarize(q2s)), Target: "none set"},
+	)
+	res.Notes = append(res.Notes, fmt.Sprintf("%d linux and %d macos jobs by label match; %.2f facts per job; runner failures %d",
+		perPool["linux"], perPool["macos"], float64(run.last-run.base)/float64(o.Jobs), f.RunnerFailures()))
+	return res, nil
+}
+
+// diagnose describes the jobs the simulator has not completed as the
+// simulator and the dispatcher's fold see them, for a stalled phase.
+func diagnose(ctx context.Context, f *Fleet) string {
+	var b strings.Builder
+	open := map[int64]ghsim.JobView{}
+	for _, j := range f.Sim.Jobs() {
+		if j.Status != ghsim.StatusCompleted {
+			open[j.ID] = j
+		}
+	}
+	fmt.Fprintf(&b, "%d jobs not completed in the simulator", len(open))
+	shown := 0
+	_ = f.Snapshot(ctx, func(fl *events.Fleet) {
+		for id, j := range open {
+			if shown == 10 {
+				break
+			}
+			shown++
+			fmt.Fprintf(&b, "\n  job %d labels %v: sim %s runner %q", id, j.Labels, j.Status, j.RunnerName)
+			if fj := fl.Jobs[id]; fj != nil {
+				fmt.Fprintf(&b, "; fold status %s labels %v runner %q minted %d failed %d", fj.Status, fj.Labels, fj.Runner, fj.Minted, fj.FailedAttempts)
+			} else {
+				b.WriteString("; not in the dispatcher's fold")
+			}
+			names := []string{j.RunnerName}
+			for n := 1; n <= 3; n++ {
+				names = append(names, events.AttemptID(id, n))
+			}
+			for i, name := range names {
+				if a := fl.Attempts[name]; a != nil && (i == 0 || name != j.RunnerName) {
+					fmt.Fprintf(&b, "\n    attempt %s (booked for job %d) on %s pool %s: %s, release %q, bound to job %d", a.ID, a.JobID, a.Host, a.Pool, a.Stage(), a.ReleaseReason, fl.BoundJob(a.ID))
+				}
+			}
+		}
+		st := fl.Status()
+		for _, p := range st.Pools {
+			fmt.Fprintf(&b, "\n  pool %s: held %d of %d, pending demand %d, waiting for slot %d", p.Name, p.Held, p.Capacity, p.PendingDemand, p.WaitingForSlot)
+		}
+	})
+	for _, r := range f.Sim.Runners() {
+		fmt.Fprintf(&b, "\n  sim runner %s %v: %s busy %v job %d", r.Name, r.Labels, r.Status, r.Busy, r.JobID)
+	}
+	return b.String()
+}

@@ -1,0 +1,295 @@
+// Command bench runs Berth's benchmark suite (issue 9): throughput, dispatch
+// latency, release latency with wedged teardowns, memory per job, replay
+// and scale, each beside a reference measured in the same run, plus the Go
+// benchmarks of the fold, label matching and placement. It prints a table
+// and, unless -no-write, appends a dated section to BENCHMARKS.md.
+//
+//	go run ./tests/cmd/bench            # the full run (make bench)
+//	go run ./tests/cmd/bench -smoke     # tiny sizes, under a minute (make bench-smoke)
+//
+// It exits non-zero, with what it was waiting for, when a phase stalls or
+// overruns its deadline.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/berth-ci/berth/tests/bench"
+)
+
+type sizes struct {
+	tpJobs, tpHosts                int
+	rates                          string
+	latWindow                      time.Duration
+	latMaxJobs, latHosts           int
+	relJobs, relHosts              int
+	relRate                        float64
+	memWarmup, memJobs             int
+	replayJobs                     int
+	scaleHosts, scaleJobs          int
+	scaleDuration                  time.Duration
+	goBenchTime                    string
+	phaseTimeout, stall, goTimeout time.Duration
+}
+
+var full = sizes{
+	tpJobs: 2000, tpHosts: 4,
+	rates: "50,200,1000", latWindow: 4 * time.Second, latMaxJobs: 2000, latHosts: 4,
+	relJobs: 300, relHosts: 4, relRate: 50,
+	memWarmup: 300, memJobs: 1500,
+	replayJobs: 20000,
+	scaleHosts: 40, scaleJobs: 600, scaleDuration: 2 * time.Second,
+	goBenchTime: "1s", phaseTimeout: 4 * time.Minute, stall: 45 * time.Second, goTimeout: 8 * time.Minute,
+}
+
+var smoke = sizes{
+	tpJobs: 100, tpHosts: 2,
+	rates: "50,200,1000", latWindow: 500 * time.Millisecond, latMaxJobs: 100, latHosts: 2,
+	relJobs: 30, relHosts: 2, relRate: 50,
+	memWarmup: 30, memJobs: 60,
+	replayJobs: 1000,
+	scaleHosts: 8, scaleJobs: 60, scaleDuration: 300 * time.Millisecond,
+	goBenchTime: "20x", phaseTimeout: 45 * time.Second, stall: 20 * time.Second, goTimeout: 3 * time.Minute,
+}
+
+func main() {
+	began := time.Now()
+	var (
+		isSmoke, noWrite, goBench bool
+		bareLabel                 bool
+		out, only, cpuProfile     string
+		heapDir, logLevel, asCmd  string
+		seed                      uint64
+		s                         = full
+	)
+	flag.BoolVar(&isSmoke, "smoke", false, "tiny sizes (under a minute): the CI smoke run; explicit size flags still win")
+	flag.BoolVar(&noWrite, "no-write", false, "print the table only; do not append to BENCHMARKS.md")
+	flag.BoolVar(&goBench, "gobench", true, "also run the Go benchmarks (events, dispatch, watchdog) with -benchmem")
+	flag.StringVar(&out, "out", "", "file to append the section to (default BENCHMARKS.md at the repository root)")
+	flag.StringVar(&only, "phases", "throughput,latency,release,memory,replay,scale", "phases to run, comma-separated")
+	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the throughput phase here and put its top 15 in the section")
+	flag.StringVar(&heapDir, "heapprofiles", "", "write heap profiles before and after the memory phase's jobs into this directory")
+	flag.StringVar(&logLevel, "log-level", "error", "services' log level (to stderr): debug, info, warn, error")
+	flag.StringVar(&asCmd, "invoked-as", "", "the command to record in BENCHMARKS.md (the Makefile sets it)")
+	flag.Uint64Var(&seed, "seed", 1, "workload seed")
+	flag.BoolVar(&bareLabel, "bare-label", false, "add jobs whose runs-on is just \"self-hosted\" (runners of either pool may take them)")
+	flag.IntVar(&s.tpJobs, "throughput-jobs", s.tpJobs, "throughput: jobs")
+	flag.IntVar(&s.tpHosts, "throughput-hosts", s.tpHosts, "throughput: hosts")
+	flag.StringVar(&s.rates, "rates", s.rates, "dispatch latency: offered rates, jobs/s")
+	flag.DurationVar(&s.latWindow, "latency-window", s.latWindow, "dispatch latency: how long each rate is offered")
+	flag.IntVar(&s.latMaxJobs, "latency-max-jobs", s.latMaxJobs, "dispatch latency: cap on jobs per rate")
+	flag.IntVar(&s.latHosts, "latency-hosts", s.latHosts, "dispatch latency: hosts")
+	flag.IntVar(&s.relJobs, "release-jobs", s.relJobs, "release latency: jobs per run")
+	flag.IntVar(&s.relHosts, "release-hosts", s.relHosts, "release latency: hosts")
+	flag.Float64Var(&s.relRate, "release-rate", s.relRate, "release latency: offered jobs/s")
+	flag.IntVar(&s.memWarmup, "memory-warmup", s.memWarmup, "memory: warm-up jobs")
+	flag.IntVar(&s.memJobs, "memory-jobs", s.memJobs, "memory: measured jobs")
+	flag.IntVar(&s.replayJobs, "replay-jobs", s.replayJobs, "replay: synthetic job lifecycles (ten facts each)")
+	flag.IntVar(&s.scaleHosts, "scale-hosts", s.scaleHosts, "scale: hosts (4 linux + 2 macos slots each)")
+	flag.IntVar(&s.scaleJobs, "scale-jobs", s.scaleJobs, "scale: jobs, all enqueued at once")
+	flag.DurationVar(&s.scaleDuration, "scale-duration", s.scaleDuration, "scale: each job's duration")
+	flag.StringVar(&s.goBenchTime, "gobench-time", s.goBenchTime, "Go benchmarks: -benchtime")
+	flag.DurationVar(&s.phaseTimeout, "phase-timeout", s.phaseTimeout, "deadline of each phase's main wait")
+	flag.DurationVar(&s.stall, "stall", s.stall, "fail a phase when its log does not move for this long")
+	flag.Parse()
+	if isSmoke {
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		s = merge(smoke, s, set)
+	}
+	mode := "full"
+	if isSmoke {
+		mode = "smoke"
+	}
+
+	root, err := bench.RepoRoot()
+	check(err)
+	fixtures, err := bench.FixturesDir(root)
+	check(err)
+	if out == "" {
+		out = filepath.Join(root, "BENCHMARKS.md")
+	}
+	var lvl slog.Level
+	check(lvl.UnmarshalText([]byte(logLevel)))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	env := bench.Env{Fixtures: fixtures, Seed: seed, Timeout: s.phaseTimeout, Stall: s.stall, BareLabel: bareLabel,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})),
+		Progress: func(format string, args ...any) {
+			fmt.Printf("[%s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+		}}
+	want := map[string]bool{}
+	for _, p := range strings.Split(only, ",") {
+		want[strings.TrimSpace(p)] = true
+	}
+	var rates []int
+	for _, r := range strings.Split(s.rates, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(r))
+		check(err)
+		rates = append(rates, n)
+	}
+	phases := []struct {
+		name, size string
+		run        func() (bench.Result, error)
+	}{
+		{"throughput", fmt.Sprintf("throughput %d jobs on %d hosts", s.tpJobs, s.tpHosts), func() (bench.Result, error) {
+			return bench.Throughput(ctx, env, bench.ThroughputOptions{Jobs: s.tpJobs, Hosts: s.tpHosts, CPUProfile: cpuProfile})
+		}},
+		{"latency", fmt.Sprintf("dispatch latency at %s jobs/s for %s each (at most %d jobs) on %d hosts", s.rates, s.latWindow, s.latMaxJobs, s.latHosts), func() (bench.Result, error) {
+			return bench.DispatchLatency(ctx, env, bench.LatencyOptions{Rates: rates, Window: s.latWindow, MaxJobs: s.latMaxJobs, Hosts: s.latHosts})
+		}},
+		{"release", fmt.Sprintf("release latency %d jobs at %.0f/s on %d hosts", s.relJobs, s.relRate, s.relHosts), func() (bench.Result, error) {
+			return bench.ReleaseLatency(ctx, env, bench.ReleaseOptions{Jobs: s.relJobs, Hosts: s.relHosts, Rate: s.relRate})
+		}},
+		{"memory", fmt.Sprintf("memory %d warm-up + %d jobs", s.memWarmup, s.memJobs), func() (bench.Result, error) {
+			return bench.Memory(ctx, env, bench.MemoryOptions{Warmup: s.memWarmup, Jobs: s.memJobs, HeapProfileDir: heapDir})
+		}},
+		{"replay", fmt.Sprintf("replay %d lifecycles", s.replayJobs), func() (bench.Result, error) {
+			return bench.Replay(ctx, env, bench.ReplayOptions{Jobs: s.replayJobs})
+		}},
+		{"scale", fmt.Sprintf("scale %d jobs of %s on %d hosts", s.scaleJobs, s.scaleDuration, s.scaleHosts), func() (bench.Result, error) {
+			return bench.Scale(ctx, env, bench.ScaleOptions{Hosts: s.scaleHosts, Jobs: s.scaleJobs, Duration: s.scaleDuration})
+		}},
+	}
+	m := bench.Describe(root)
+	loadBefore := bench.LoadAvg()
+	fmt.Printf("Berth bench (%s) on %s, %s, %d cores; %s; commit %s; load average %s\n", mode, m.Uname, m.CPU, m.Cores, m.Go, m.Commit, loadBefore)
+	var results []bench.Result
+	var sizesDone []string
+	for _, p := range phases {
+		if !want[p.name] {
+			continue
+		}
+		start := time.Now()
+		r, err := p.run()
+		if err != nil {
+			bench.PrintTable(os.Stdout, results)
+			fmt.Fprintf(os.Stderr, "bench: phase %s failed after %s: %v\n", p.name, time.Since(start).Round(time.Millisecond), err)
+			fmt.Fprintln(os.Stderr, "bench: nothing written to", out)
+			os.Exit(1)
+		}
+		r.Elapsed = time.Since(start)
+		results = append(results, r)
+		sizesDone = append(sizesDone, p.size)
+		fmt.Printf("[%s] %s done in %s\n", time.Now().Format("15:04:05"), p.name, r.Elapsed.Round(100*time.Millisecond))
+	}
+	var profile, gobench string
+	if cpuProfile != "" && want["throughput"] {
+		profile, err = pprofTop(ctx, root, cpuProfile)
+		check(err)
+	}
+	if goBench {
+		fmt.Printf("[%s] go benchmarks (-benchtime %s)\n", time.Now().Format("15:04:05"), s.goBenchTime)
+		gobench, err = goBenchmarks(ctx, root, s.goBenchTime, s.goTimeout)
+		check(err)
+	}
+	fmt.Println()
+	bench.PrintTable(os.Stdout, results)
+	fmt.Println()
+	bench.PrintNotes(os.Stdout, results)
+	if gobench != "" {
+		fmt.Println()
+		for _, l := range strings.Split(gobench, "\n") {
+			if strings.HasPrefix(l, "Benchmark") || strings.HasPrefix(l, "pkg:") {
+				fmt.Println(l)
+			}
+		}
+	}
+	if noWrite {
+		return
+	}
+	cmd := asCmd
+	if cmd == "" {
+		cmd = "go run ./tests/cmd/bench"
+		if len(os.Args) > 1 {
+			cmd += " " + strings.Join(os.Args[1:], " ")
+		}
+	}
+	sec := bench.Section{When: began, Mode: mode, Machine: m, Command: cmd, Sizes: sizesDone, Results: results,
+		GoBench: gobench, Profile: profile, Duration: time.Since(began), LoadBefore: loadBefore, LoadAfter: bench.LoadAvg()}
+	check(bench.AppendMarkdown(out, sec))
+	fmt.Println("\nappended to", out)
+}
+
+// merge takes the smoke sizes except where a flag was given explicitly.
+func merge(small, given sizes, set map[string]bool) sizes {
+	s := small
+	pick := func(name string, dst any, v any) {
+		if !set[name] {
+			return
+		}
+		switch d := dst.(type) {
+		case *int:
+			*d = v.(int)
+		case *float64:
+			*d = v.(float64)
+		case *string:
+			*d = v.(string)
+		case *time.Duration:
+			*d = v.(time.Duration)
+		}
+	}
+	pick("throughput-jobs", &s.tpJobs, given.tpJobs)
+	pick("throughput-hosts", &s.tpHosts, given.tpHosts)
+	pick("rates", &s.rates, given.rates)
+	pick("latency-window", &s.latWindow, given.latWindow)
+	pick("latency-max-jobs", &s.latMaxJobs, given.latMaxJobs)
+	pick("latency-hosts", &s.latHosts, given.latHosts)
+	pick("release-jobs", &s.relJobs, given.relJobs)
+	pick("release-hosts", &s.relHosts, given.relHosts)
+	pick("release-rate", &s.relRate, given.relRate)
+	pick("memory-warmup", &s.memWarmup, given.memWarmup)
+	pick("memory-jobs", &s.memJobs, given.memJobs)
+	pick("replay-jobs", &s.replayJobs, given.replayJobs)
+	pick("scale-hosts", &s.scaleHosts, given.scaleHosts)
+	pick("scale-jobs", &s.scaleJobs, given.scaleJobs)
+	pick("scale-duration", &s.scaleDuration, given.scaleDuration)
+	pick("gobench-time", &s.goBenchTime, given.goBenchTime)
+	pick("phase-timeout", &s.phaseTimeout, given.phaseTimeout)
+	pick("stall", &s.stall, given.stall)
+	return s
+}
+
+// goBenchmarks runs the Go benchmarks of the fold, label matching and the
+// two deciders with allocation counts.
+func goBenchmarks(ctx context.Context, root, benchtime string, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", ".", "-benchmem", "-benchtime", benchtime,
+		"./events/", "./services/dispatch/", "./services/watchdog/")
+	cmd.Dir = root
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go benchmarks: %v\n%s", err, b)
+	}
+	return "$ go test -run '^$' -bench . -benchmem -benchtime " + benchtime + " ./events/ ./services/dispatch/ ./services/watchdog/\n" + string(b), nil
+}
+
+func pprofTop(ctx context.Context, root, profile string) (string, error) {
+	cmd := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=15", profile)
+	cmd.Dir = root
+	b, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("go tool pprof: %v", err)
+	}
+	return string(b), nil
+}
+
+func check(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}

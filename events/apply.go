@@ -80,6 +80,8 @@ func (f *Fleet) Apply(e Event) {
 		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) {
 			a.Abandoned, a.AbandonedAt, a.AbandonedStep = true, e.Time, d.Step
 		})
+	case *AttemptDeregistered:
+		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) { a.Deregistered = true })
 	case *HostOnline:
 		h := f.host(d.Host)
 		if s := stampOf(e); s.after(h.online) {

@@ -93,3 +93,15 @@ type AttemptAbandoned struct {
 
 func (AttemptAbandoned) EventType() string { return TypeAttemptAbandoned }
 func (e AttemptAbandoned) EventID() string { return e.Attempt + "/abandoned" }
+
+// AttemptDeregistered: the attempt's runner registration is gone from
+// GitHub (the dispatcher deleted it, or GitHub answered 404). Only runners
+// that never ran a job need it: GitHub removes an ephemeral runner after its
+// job. Emitted by the dispatcher; key attempt + "deregistered".
+type AttemptDeregistered struct {
+	AttemptRef
+	RunnerID int64 `json:"runner_id"`
+}
+
+func (AttemptDeregistered) EventType() string { return TypeAttemptDeregistered }
+func (e AttemptDeregistered) EventID() string { return e.Attempt + "/deregistered" }

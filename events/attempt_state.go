@@ -34,6 +34,7 @@ type Attempt struct {
 	StoppedLate    bool
 	Abandoned      bool
 	AbandonedStep  string
+	Deregistered   bool // its runner registration is gone from GitHub
 
 	ReservedAt, ReleasedAt, PlacedAt, ProvisioningAt time.Time
 	RunnerStartedAt, FailedAt, TeardownAt            time.Time

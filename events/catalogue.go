@@ -19,6 +19,7 @@ const (
 	TypeAttemptTeardownRequested = "berth.attempt.teardown_requested.v1"
 	TypeAttemptStopped           = "berth.attempt.stopped.v1"
 	TypeAttemptAbandoned         = "berth.attempt.abandoned.v1"
+	TypeAttemptDeregistered      = "berth.attempt.runner_deregistered.v1"
 
 	TypeHostOnline     = "berth.host.online.v1"
 	TypeHostDraining   = "berth.host.draining.v1"
@@ -49,6 +50,7 @@ var catalogue = map[string]func() Payload{
 	TypeAttemptTeardownRequested: func() Payload { return &AttemptTeardownRequested{} },
 	TypeAttemptStopped:           func() Payload { return &AttemptStopped{} },
 	TypeAttemptAbandoned:         func() Payload { return &AttemptAbandoned{} },
+	TypeAttemptDeregistered:      func() Payload { return &AttemptDeregistered{} },
 
 	TypeHostOnline:     func() Payload { return &HostOnline{} },
 	TypeHostDraining:   func() Payload { return &HostDraining{} },

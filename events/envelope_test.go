@@ -48,6 +48,7 @@ func samples() map[string]events.Payload {
 		events.TypeAttemptFailed:            &events.AttemptFailed{AttemptRef: attemptRef(), Step: "create", Error: "exit 3"},
 		events.TypeAttemptTeardownRequested: &events.AttemptTeardownRequested{AttemptRef: attemptRef(), Reason: "completed"},
 		events.TypeAttemptStopped:           &events.AttemptStopped{AttemptRef: attemptRef(), Late: true},
+		events.TypeAttemptDeregistered:      &events.AttemptDeregistered{AttemptRef: attemptRef(), RunnerID: 23},
 		events.TypeAttemptAbandoned: &events.AttemptAbandoned{AttemptRef: attemptRef(), Step: "stop",
 			After: 5 * time.Minute},
 		events.TypeHostOnline: &events.HostOnline{Host: "mac-1", Boot: "b-1",

@@ -12,6 +12,7 @@ const (
 	ReleaseHostDraining     = "host_draining"        // the host drains: its bookings and idle runners go back
 	ReleaseHostCordoned     = "host_cordoned"        // the host was cordoned before the booking got a VM
 	ReleaseMaxDuration      = "max_duration"         // the job ran past its maximum duration
+	ReleaseOperator         = "operator"             // an operator released it by hand (berth release)
 )
 
 // StepDrain is the failed step of a placement an agent refused because its

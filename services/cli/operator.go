@@ -97,3 +97,44 @@ func PrintJobs(w io.Writer, f *events.Fleet, limit int) error {
 	}
 	return tw.Flush()
 }
+
+// ReleaseAttempt is the operator's hand release (`berth release ATTEMPT`):
+// it gives the attempt's slot back, if it still holds one, with the pool
+// ledger's concurrency check, and asks for its VM's teardown. Both facts are
+// idempotent, so running it twice is harmless.
+func ReleaseAttempt(ctx context.Context, js jetstream.JetStream, attempt string) (string, error) {
+	f, err := eventlog.Replay(ctx, js, nil)
+	if err != nil {
+		return "", err
+	}
+	a := f.Attempts[attempt]
+	if a == nil {
+		return "", fmt.Errorf("no attempt %q in the log (attempt ids look like berth-<job id>-<n>; `berth status` lists the ones holding slots)", attempt)
+	}
+	app := &eventlog.Appender{JS: js, Source: "berth/cli/" + Operator()}
+	now := time.Now().UTC()
+	var done []string
+	if a.Held() {
+		var expect uint64
+		if p := f.Pools[a.Pool]; p != nil {
+			expect = p.LastSeq
+		}
+		rel := events.SlotReleased{Pool: a.Pool, Host: a.Host, Attempt: a.ID, Reason: events.ReleaseOperator, JobID: a.JobID}
+		if _, _, err := app.Append(ctx, app.New(now, rel), &expect); err != nil {
+			return "", fmt.Errorf("release %s: %w (the pool's ledger moved; run the command again)", a.ID, err)
+		}
+		done = append(done, "slot of pool "+a.Pool+" released")
+	}
+	if a.Placed && !a.TeardownReq && !a.Stopped {
+		td := events.AttemptTeardownRequested{AttemptRef: events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host},
+			Reason: events.ReleaseOperator}
+		if _, _, err := app.Append(ctx, app.New(now, td), nil); err != nil {
+			return "", err
+		}
+		done = append(done, "teardown requested on "+a.Host)
+	}
+	if len(done) == 0 {
+		return "nothing to do: it holds no slot and its VM is already being torn down or stopped", nil
+	}
+	return fmt.Sprint(done), nil
+}

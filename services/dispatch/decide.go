@@ -23,6 +23,9 @@ type Plan struct {
 	// refuses (422) for a runner that took a job whose in_progress has not
 	// arrived yet; a lagging webhook is not a fact (law 7).
 	Deregister []*events.Attempt
+	// Cleanup lists released attempts whose runner never ran a job and is
+	// still registered: their registration is deleted, best effort.
+	Cleanup []*events.Attempt
 	// Release gives back slots whose demand ended; Teardown asks agents to
 	// stop VMs whose slot is released. A release never waits for a teardown.
 	Release  []events.SlotReleased
@@ -93,6 +96,12 @@ func Decide(f *events.Fleet, p Params) Plan {
 		case a.Released && a.Placed && !a.TeardownReq && !a.Stopped:
 			plan.Teardown = append(plan.Teardown, teardown(a, a.ReleaseReason))
 		}
+		// A released runner that never ran a job leaves a registration
+		// behind (GitHub removes only runners that ran their job): delete
+		// it, so it can take no job and does not linger offline.
+		if a.Released && a.Placed && a.RunnerID != 0 && !a.Deregistered && bound == 0 {
+			plan.Cleanup = append(plan.Cleanup, a)
+		}
 	}
 	pools := make([]string, 0, len(labels))
 	for name := range labels {
@@ -106,7 +115,7 @@ func Decide(f *events.Fleet, p Params) Plan {
 		supply := unbound[pool]
 		if surplus := len(supply) - len(jobs); surplus > 0 {
 			for _, a := range leastAdvanced(supply, surplus) {
-				if a.Placed {
+				if a.Placed && !a.Deregistered {
 					plan.Deregister = append(plan.Deregister, a)
 				} else {
 					plan.Release = append(plan.Release, release(a, events.ReleaseSurplus))

@@ -75,3 +75,25 @@ func TestDeregisterMapsGitHubsAnswers(t *testing.T) {
 		}
 	}
 }
+
+// Given released attempts, the dispatcher deletes the registration of a
+// runner that never ran a job (it would linger offline for a day, or take a
+// job its torn-down VM cannot run), once; a runner that ran its job is left
+// to GitHub, which removes ephemeral runners itself (≤ 3 API calls a job).
+func TestReleasedRunnersThatNeverRanAJobAreDeregisteredOnce(t *testing.T) {
+	l := given(t).add(host("h-a", 4, 4), queued(1), queued(2))
+	l.apply(l.decide())
+	never := events.AttemptRef{Attempt: attempt(1, 1), Pool: "linux", Host: "h-a"}
+	ran := events.AttemptRef{Attempt: attempt(2, 1), Pool: "linux", Host: "h-a"}
+	l.add(&events.AttemptPlaced{AttemptRef: never, JobID: 1, RunnerID: 71}, &events.AttemptPlaced{AttemptRef: ran, JobID: 2, RunnerID: 72},
+		released(1, 1, "h-a", events.ReleaseProvisionTimeout), inProgress(2, ran.Attempt), completed(2, ran.Attempt, "success"),
+		released(2, 1, "h-a", events.ReleaseCompleted))
+	plan := l.decide()
+	if len(plan.Cleanup) != 1 || plan.Cleanup[0].ID != never.Attempt {
+		t.Fatalf("cleanup %v, want only %s", plan.Cleanup, never.Attempt)
+	}
+	l.add(&events.AttemptDeregistered{AttemptRef: never, RunnerID: 71})
+	if plan := l.decide(); len(plan.Cleanup) != 0 {
+		t.Fatalf("deregistered twice: %v", plan.Cleanup)
+	}
+}

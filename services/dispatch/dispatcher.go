@@ -159,6 +159,9 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 	for _, a := range plan.Deregister {
 		d.deregister(ctx, now, a)
 	}
+	for _, a := range plan.Cleanup {
+		d.deregister(ctx, now, a)
+	}
 	d.housekeep(now)
 	d.metrics.observe(d.fleet)
 	d.metrics.observeBudget(d.opts.Budget, now)
@@ -326,13 +329,14 @@ func (d *Dispatcher) deregister(ctx context.Context, now time.Time, a *events.At
 			delete(d.pending, key)
 			switch {
 			case errors.Is(err, ErrRunnerBusy):
-				logger.Info("surplus runner is running a job; keeping it (its in_progress webhook is on the way)")
+				logger.Info("runner is running a job; leaving it (its in_progress webhook is on the way)")
 				d.busy[ref.Attempt] = d.opts.Now().Add(busyFor)
 			case err != nil:
 				logger.Warn("could not deregister a surplus runner; will retry", "err", err)
 			default:
-				logger.Info("surplus runner deregistered; releasing its slot")
+				d.append(ctx, d.opts.Now(), events.AttemptDeregistered{AttemptRef: ref, RunnerID: runnerID}, nil)
 				if cur := d.fleet.Attempts[ref.Attempt]; cur != nil && cur.Held() && d.fleet.BoundJob(ref.Attempt) == 0 {
+					logger.Info("surplus runner deregistered; releasing its slot")
 					d.appendPool(ctx, d.opts.Now(), events.SlotReleased{Pool: ref.Pool, Host: ref.Host, Attempt: ref.Attempt,
 						Reason: events.ReleaseSurplus, JobID: jobID}, ref.Pool)
 				}

@@ -298,6 +298,8 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 		detail["abandoned_vms"] = h.Abandoned
 		detail["abandoned_cap"] = wc.AbandonedCap
 		detail["jobs_waiting_for_slot"] = h.Waiting
+		detail["pools"] = h.Pools
+		detail["cordons"] = h.Cordons
 		return ok && len(h.Alarms) == 0, detail
 	})
 	mux.HandleFunc("GET /status", statusHandler(w.Read))

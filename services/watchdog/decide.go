@@ -162,7 +162,7 @@ func (p *Plan) leakAlarms(f *events.Fleet, now time.Time, leaks map[string][]*ev
 		}
 		p.Raise = append(p.Raise, events.AlarmRaised{Key: key, Kind: events.AlarmSlotLeak, Pool: pool, At: now,
 			Message: fmt.Sprintf("suspected slot leak in pool %s: %d held slots belong to attempts whose VMs stopped: %s; "+
-				"compare `berth status --json` with a replay, then release them by hand if they persist",
+				"check with `berth replay --check`, then release each by hand with `berth release ATTEMPT` if they persist",
 				pool, len(as), strings.Join(names, ", "))})
 	}
 	for key, al := range f.Alarms {

@@ -270,7 +270,7 @@ func TestSlotHeldByAStoppedAttemptRaisesALeakAlarmUntilReleased(t *testing.T) {
 	if a.Key != "slot_leak/linux" || a.Kind != events.AlarmSlotLeak || a.Pool != "linux" || !a.At.Equal(t0.Add(now)) {
 		t.Fatalf("alarm %+v", a)
 	}
-	for _, say := range []string{"berth-1-1", "h-a", "berth status", "release them"} {
+	for _, say := range []string{"berth-1-1", "h-a", "berth replay --check", "berth release"} {
 		if !strings.Contains(a.Message, say) {
 			t.Errorf("alarm message %q does not say %q", a.Message, say)
 		}

@@ -44,8 +44,26 @@ type Watchdog struct {
 type Health struct {
 	Alarms    []events.AlarmView   `json:"alarms"`
 	Abandoned []events.AbandonedVM `json:"abandoned_vms"`
+	Pools     []PoolHealth         `json:"pools"`
+	Cordons   []Cordon             `json:"cordons"`
 	Waiting   int                  `json:"jobs_waiting_for_slot"`
 	CaughtUp  bool                 `json:"caught_up"`
+}
+
+// PoolHealth is one pool's capacity line in /healthz.
+type PoolHealth struct {
+	Name     string `json:"name"`
+	Capacity int    `json:"capacity"`
+	Held     int    `json:"held"`
+	Running  int    `json:"running"`
+	Waiting  int    `json:"jobs_waiting_for_slot"`
+}
+
+// Cordon is one cordoned host and why.
+type Cordon struct {
+	Host   string `json:"host"`
+	Reason string `json:"reason"`
+	By     string `json:"by"`
 }
 
 // New builds a watchdog.
@@ -174,7 +192,18 @@ func (w *Watchdog) Decide(ctx context.Context) {
 		waiting += p.WaitingForSlot
 	}
 	w.mu.Lock()
-	w.health = Health{Alarms: st.Alarms, Waiting: waiting, CaughtUp: w.Loop.CaughtUp(), Abandoned: st.Abandoned}
+	pools := make([]PoolHealth, 0, len(st.Pools))
+	for _, p := range st.Pools {
+		pools = append(pools, PoolHealth{p.Name, p.Capacity, p.Held, p.Running, p.WaitingForSlot})
+	}
+	cordons := []Cordon{}
+	for _, h := range st.Hosts {
+		if h.Cordoned {
+			cordons = append(cordons, Cordon{h.Name, h.CordonReason, h.CordonBy})
+		}
+	}
+	w.health = Health{Alarms: st.Alarms, Waiting: waiting, CaughtUp: w.Loop.CaughtUp(), Abandoned: st.Abandoned,
+		Pools: pools, Cordons: cordons}
 	w.mu.Unlock()
 }
 

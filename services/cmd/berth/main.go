@@ -72,7 +72,7 @@ func root() *cobra.Command {
 		hostActionCmd(&natsURL, "cordon", "Stop placing new jobs on a host (running jobs go on)"),
 		hostActionCmd(&natsURL, "uncordon", "Let a cordoned host take new jobs again"),
 		hostActionCmd(&natsURL, "drain", "Take a host out of service: no new jobs, idle runners are stopped, running jobs finish"),
-		hostsCmd(&natsURL), jobsCmd(&natsURL))
+		hostsCmd(&natsURL), jobsCmd(&natsURL), releaseCmd(&natsURL))
 	return cmd
 }
 
@@ -395,4 +395,29 @@ func jobsCmd(natsURL *string) *cobra.Command {
 	}
 	cmd.Flags().IntVar(&limit, "limit", 50, "how many (0: all)")
 	return cmd
+}
+
+func releaseCmd(natsURL *string) *cobra.Command {
+	return &cobra.Command{
+		Use:   "release ATTEMPT",
+		Short: "Give an attempt's slot back by hand and tear its VM down (what a slot-leak alarm asks for)",
+		Long: "release appends the facts a stuck reaction failed to: the slot's release on its pool's\n" +
+			"ledger (with the ledger's concurrency check) and the VM's teardown request. Use it after\n" +
+			"`berth replay --check` shows the log agrees that the slot is held by nothing live.",
+		Args:    cobra.ExactArgs(1),
+		Example: "  berth release berth-4242-1",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			closeNC, js, err := run.JetStream(*natsURL)
+			if err != nil {
+				return natsError{err}
+			}
+			defer closeNC()
+			what, err := cli.ReleaseAttempt(cmd.Context(), js, args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", args[0], what)
+			return nil
+		},
+	}
 }

@@ -97,3 +97,23 @@ func TestReleasedRunnersThatNeverRanAJobAreDeregisteredOnce(t *testing.T) {
 		t.Fatalf("deregistered twice: %v", plan.Cleanup)
 	}
 }
+
+// Which mint failures keep the booking (try again) and which release it:
+// only GitHub refusing (4xx other than 409 and rate limits) spends an
+// attempt; a 409 means the runner already exists (another replica minted it).
+func TestMintRetryableClassifiesGitHubAnswers(t *testing.T) {
+	for status, want := range map[int]bool{409: true, 429: true, 500: true, 502: true, 422: false, 404: false, 401: false} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			w.Write([]byte(`{"message":"no"}`))
+		}))
+		gh, _ := dispatch.NewGitHubClient(srv.URL, "t", nil)
+		m := &dispatch.GitHubMinter{Client: gh, Scope: "org", Org: "example-org"}
+		_, _, err := m.Mint(t.Context(), dispatch.MintRequest{RunnerName: "berth-1-1", Labels: []string{"x"}})
+		srv.Close()
+		if got := dispatch.MintRetryable(err); got != want {
+			t.Errorf("%d: retryable %v, want %v (%v)", status, got, want, err)
+		}
+	}
+}

@@ -265,6 +265,12 @@ func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt)
 		runnerID, jit, err := d.minter.Mint(mctx, req)
 		d.metrics.mintSeconds.Observe(time.Since(start).Seconds())
 		if err != nil {
+			if MintRetryable(err) {
+				// Not a refusal: the slot stays booked and the mint is tried
+				// again; the provisioning deadline bounds the retries.
+				logger.Warn("JIT config not minted yet; will retry", "err", err)
+				return
+			}
 			logger.Warn("JIT config refused; releasing the slot so the job is booked again", "err", err)
 			d.Loop.Post(ctx, func() {
 				d.appendPool(ctx, d.opts.Now(), events.SlotReleased{Pool: ref.Pool, Host: ref.Host, Attempt: ref.Attempt,

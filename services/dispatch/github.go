@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -108,4 +109,24 @@ func (m *GitHubMinter) Deregister(ctx context.Context, runnerID int64, org, repo
 		return fmt.Errorf("%w: runner %d: %v", ErrRunnerBusy, runnerID, err)
 	}
 	return fmt.Errorf("delete runner %d: %w", runnerID, err)
+}
+
+// MintRetryable reports whether a failed mint should be tried again with the
+// same attempt rather than release the slot: a timeout, a transport error,
+// a 5xx, a rate limit, or 409 Conflict, which means a runner with the
+// attempt's name already exists (another dispatcher replica, or an earlier
+// try whose answer was lost, minted it; its placement or the provisioning
+// deadline settles the attempt). Any other 4xx is GitHub refusing.
+func MintRetryable(err error) bool {
+	var er *github.ErrorResponse
+	if !errors.As(err, &er) || er.Response == nil {
+		return true // a timeout, a transport error, or a typed rate-limit error
+	}
+	switch code := er.Response.StatusCode; {
+	case code == http.StatusConflict, code == http.StatusTooManyRequests, code >= 500:
+		return true
+	case code == http.StatusForbidden:
+		return isSecondary(err) || er.Response.Header.Get("X-RateLimit-Remaining") == "0"
+	}
+	return false
 }

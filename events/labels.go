@@ -66,3 +66,60 @@ func MatchPool(jobLabels []string, pools map[string][]string) string {
 	}
 	return best
 }
+
+// Matcher answers MatchPool for many jobs against one set of pools without
+// re-normalising the pools' labels for every job: build it once per
+// decision. Its answers equal MatchPool's.
+type Matcher struct {
+	pools []matcherPool
+	cache map[string]string // job label key → pool
+}
+
+type matcherPool struct {
+	name   string
+	labels map[string]struct{}
+}
+
+// NewMatcher prepares pools (name → runner labels) for matching.
+func NewMatcher(pools map[string][]string) *Matcher {
+	m := &Matcher{cache: map[string]string{}}
+	for name, labels := range pools {
+		set := map[string]struct{}{}
+		for _, l := range NormalizeLabels(labels) {
+			set[l] = struct{}{}
+		}
+		m.pools = append(m.pools, matcherPool{name, set})
+	}
+	// Most specific first, then by name: the first pool that serves wins.
+	sort.Slice(m.pools, func(i, j int) bool {
+		if len(m.pools[i].labels) != len(m.pools[j].labels) {
+			return len(m.pools[i].labels) < len(m.pools[j].labels)
+		}
+		return m.pools[i].name < m.pools[j].name
+	})
+	return m
+}
+
+// Match returns the pool that serves jobLabels, or "".
+func (m *Matcher) Match(jobLabels []string) string {
+	job := NormalizeLabels(jobLabels)
+	key := strings.Join(job, ",")
+	if pool, ok := m.cache[key]; ok {
+		return pool
+	}
+	pool := ""
+	if len(job) > 0 {
+	next:
+		for _, p := range m.pools {
+			for _, l := range job {
+				if _, ok := p.labels[l]; !ok {
+					continue next
+				}
+			}
+			pool = p.name
+			break
+		}
+	}
+	m.cache[key] = pool
+	return pool
+}

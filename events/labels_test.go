@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/berth-ci/berth/events"
+	"pgregory.net/rapid"
 )
 
 func TestNormalizeLabels(t *testing.T) {
@@ -112,4 +113,20 @@ func TestMatchPool(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The Matcher answers exactly as MatchPool for any jobs and pools.
+func TestMatcherAgreesWithMatchPool(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		vocab := []string{"self-hosted", "linux", "Linux", "x64", "ARM64", "macos", "gpu", " linux "}
+		labels := rapid.SliceOfN(rapid.SampledFrom(vocab), 0, 4)
+		pools := rapid.MapOfN(rapid.StringMatching(`[a-c]`), labels, 0, 3).Draw(t, "pools")
+		m := events.NewMatcher(pools)
+		for i := 0; i < 5; i++ {
+			job := labels.Draw(t, "job")
+			if got, want := m.Match(job), events.MatchPool(job, pools); got != want {
+				t.Fatalf("job %v pools %v: Matcher %q, MatchPool %q", job, pools, got, want)
+			}
+		}
+	})
 }

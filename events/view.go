@@ -92,6 +92,7 @@ type AlarmView struct {
 // Status derives the operator's view from the projection.
 func (f *Fleet) Status() Status {
 	labels := f.PoolLabels()
+	match := NewMatcher(labels)
 	pools := map[string]*PoolStatus{}
 	poolOf := func(name string) *PoolStatus {
 		p, ok := pools[name]
@@ -142,7 +143,7 @@ func (f *Fleet) Status() Status {
 			st.Jobs.Waiting++
 		case j.Status == StatusQueued:
 			st.Jobs.Queued++
-			if name := MatchPool(j.Labels, labels); name != "" {
+			if name := match.Match(j.Labels); name != "" {
 				poolOf(name).PendingDemand++
 			} else {
 				st.Jobs.Unmatched++

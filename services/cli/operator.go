@@ -84,10 +84,11 @@ func PrintJobs(w io.Writer, f *events.Fleet, limit int) error {
 		jobs = jobs[:limit]
 	}
 	labels := f.PoolLabels()
+	match := events.NewMatcher(labels)
 	tw := tabwriter.NewWriter(w, 0, 2, 2, ' ', 0)
 	fmt.Fprintln(tw, "JOB\tSTATUS\tCONCLUSION\tPOOL\tRUNNER\tATTEMPTS\tQUEUED")
 	for _, j := range jobs {
-		pool := events.MatchPool(j.Labels, labels)
+		pool := match.Match(j.Labels)
 		status := j.Status.String()
 		if j.Unschedulable && j.Status < events.StatusInProgress {
 			status = "unschedulable"

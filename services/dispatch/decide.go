@@ -58,12 +58,13 @@ func Decide(f *events.Fleet, p Params) Plan {
 		p.MaxAttempts = DefaultMaxAttempts
 	}
 	labels := f.PoolLabels()
+	match := events.NewMatcher(labels)
 	demand := map[string][]*events.Job{}
 	for _, j := range f.Jobs {
 		if !j.Demand() {
 			continue
 		}
-		if pool := events.MatchPool(j.Labels, labels); pool != "" {
+		if pool := match.Match(j.Labels); pool != "" {
 			demand[pool] = append(demand[pool], j)
 		}
 	}

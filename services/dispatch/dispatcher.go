@@ -63,6 +63,7 @@ type Dispatcher struct {
 	pending     map[string]time.Time // event or mint ids in flight → when
 	lastCompact time.Time
 	warnedUntil time.Time
+	lastObserve time.Time
 	busy        map[string]time.Time // attempts GitHub reported busy → leave alone until
 	wg          sync.WaitGroup
 }
@@ -163,8 +164,13 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 		d.deregister(ctx, now, a)
 	}
 	d.housekeep(now)
-	d.metrics.observe(d.fleet)
-	d.metrics.observeBudget(d.opts.Budget, now)
+	// Gauges from a full status view once a second, not on every batch:
+	// the view is O(fleet) and decisions must stay cheap.
+	if now.Sub(d.lastObserve) >= time.Second {
+		d.lastObserve = now
+		d.metrics.observe(d.fleet)
+		d.metrics.observeBudget(d.opts.Budget, now)
+	}
 }
 
 // housekeep keeps memory flat in jobs served (law 5): terminal records leave

@@ -185,6 +185,7 @@ func (p *Plan) release(a *events.Attempt, reason string) {
 // (law 6: visible when stuck).
 func waiting(f *events.Fleet, now time.Time, p Params) []events.DemandWaiting {
 	labels := f.PoolLabels()
+	match := events.NewMatcher(labels)
 	type agg struct {
 		n      int
 		oldest *events.Job
@@ -200,7 +201,7 @@ func waiting(f *events.Fleet, now time.Time, p Params) []events.DemandWaiting {
 		if !j.Demand() || now.Sub(j.QueuedAt) < p.DemandWaitingAfter {
 			continue
 		}
-		pool := events.MatchPool(j.Labels, labels)
+		pool := match.Match(j.Labels)
 		if pool == "" {
 			if !events.Serves(j.Labels, []string{"self-hosted"}) {
 				continue // a GitHub-hosted job: not ours to serve

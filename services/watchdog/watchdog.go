@@ -35,6 +35,7 @@ type Watchdog struct {
 	pending     map[string]time.Time // condition key → when its fact was appended
 	pendingKey  map[string]string    // event id → condition key, until folded
 	lastCompact time.Time
+	lastObserve time.Time
 	mu          sync.Mutex
 	health      Health
 	wg          sync.WaitGroup
@@ -185,6 +186,12 @@ func (w *Watchdog) Decide(ctx context.Context) {
 		w.append(ctx, now, "alarm/"+p.Key, p, nil)
 	}
 	w.housekeep(now)
+	// Health and gauges from a full status view once a second, not on
+	// every batch: the view is O(fleet).
+	if now.Sub(w.lastObserve) < time.Second {
+		return
+	}
+	w.lastObserve = now
 	st := w.fleet.Status()
 	w.Metrics.observe(st)
 	waiting := 0

@@ -54,7 +54,15 @@ func TestAWedgedStopBlocksNeitherTheCompletionHandlerNorTheWatchdogSweep(t *test
 	if idle := time.Since(w.f.Sys.Watchdog.Loop.LastProgress()); idle > 3*time.Second {
 		t.Errorf("watchdog loop idle for %s while a stop hangs", idle)
 	}
-	code, body := w.healthz(w.f.Sys.WatchdogAddr)
+	// Health is refreshed once a second: poll it, with a deadline.
+	var code int
+	var body map[string]any
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		code, body = w.healthz(w.f.Sys.WatchdogAddr)
+		if (code == 200 && listsAbandoned(body, a1)) || time.Now().After(deadline) {
+			break
+		}
+	}
 	if code != 200 || !listsAbandoned(body, a1) {
 		t.Errorf("watchdog /healthz %d %v: want 200 listing %s as abandoned", code, body, a1)
 	}

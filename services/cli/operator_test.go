@@ -9,6 +9,7 @@ import (
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/cli"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 )
 
@@ -19,21 +20,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // shows, signed by the operator; an unknown host is refused with the list
 // of known ones.
 func TestOperatorHostActionsAreFacts(t *testing.T) {
-	srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	nc, js, err := eventlog.Connect(srv.ClientURL(), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if _, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{}); err != nil {
-		t.Fatal(err)
-	}
+	ctx, js := newLog(t)
 	app := &eventlog.Appender{JS: js, Source: "test"}
 	if _, _, err := app.Append(ctx, app.New(time.Now(), events.HostOnline{Host: "mac-1", Boot: "b", PhysicalCap: 2}), nil); err != nil {
 		t.Fatal(err)
@@ -73,21 +60,7 @@ func TestOperatorHostActionsAreFacts(t *testing.T) {
 // released (reason operator) and the fold's invariants hold again; a second
 // release changes nothing.
 func TestOperatorReleaseOfALeakedSlot(t *testing.T) {
-	srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	nc, js, err := eventlog.Connect(srv.ClientURL(), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if _, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{}); err != nil {
-		t.Fatal(err)
-	}
+	ctx, js := newLog(t)
 	app := &eventlog.Appender{JS: js, Source: "test"}
 	ref := events.AttemptRef{Attempt: "berth-9-1", Pool: "linux", Host: "h"}
 	for _, p := range []events.Payload{
@@ -120,4 +93,25 @@ func TestOperatorReleaseOfALeakedSlot(t *testing.T) {
 	if _, err := cli.ReleaseAttempt(ctx, js, "berth-404-1"); err == nil {
 		t.Fatal("released an unknown attempt")
 	}
+}
+
+// newLog starts an embedded server with the stream, for one test.
+func newLog(t *testing.T) (context.Context, jetstream.JetStream) {
+	t.Helper()
+	srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	nc, js, err := eventlog.Connect(srv.ClientURL(), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	if _, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, js
 }

@@ -7,13 +7,13 @@ package bench
 
 import (
 	"bufio"
-	"errors"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
+
+	"github.com/berth-ci/berth/tests/harness"
 )
 
 // Machine describes where a run happened, for BENCHMARKS.md.
@@ -82,29 +82,9 @@ func procField(path, key string) string {
 	return ""
 }
 
-// RepoRoot walks up from the working directory to the folder holding go.work.
-func RepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("go.work not found above the working directory: run the bench from inside the Berth repository")
-		}
-		dir = parent
-	}
-}
-
-// FixturesDir is ../shared/fixtures/github beside the repository.
-func FixturesDir(root string) (string, error) {
-	dir := filepath.Join(root, "..", "shared", "fixtures", "github")
-	if _, err := os.Stat(filepath.Join(dir, "webhooks")); err != nil {
-		return "", errors.New("GitHub fixtures not found at " + dir + ": the shared folder must sit beside the repository (../shared)")
-	}
-	return dir, nil
-}
+// RepoRoot and FixturesDir are the harness's: the bench lives in the same
+// repository and reads the same fixtures.
+var (
+	RepoRoot    = harness.RepoRoot
+	FixturesDir = harness.FixturesDir
+)

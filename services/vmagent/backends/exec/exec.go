@@ -64,22 +64,15 @@ func (b *Backend) List(ctx context.Context) ([]string, error) {
 	if len(b.ListCmd) == 0 {
 		return nil, backend.ErrNoInventory
 	}
-	var out bytes.Buffer
-	cmd := osexec.CommandContext(ctx, b.ListCmd[0], b.ListCmd[1:]...)
-	cmd.Env = append(os.Environ(), "BERTH_STEP=list", "BERTH_ATTEMPTS_DIR="+b.attemptsDir)
-	for k, v := range b.Env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
+	out := &capped{max: 1 << 20}
+	cmd := b.command(ctx, b.ListCmd, "BERTH_STEP=list", "BERTH_ATTEMPTS_DIR="+b.attemptsDir)
 	var errOut tail
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 2 * time.Second
+	cmd.Stdout, cmd.Stderr = out, &errOut
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("list step: %w: %s", err, errOut.String())
 	}
 	var ids []string
-	for _, line := range strings.Split(out.String(), "\n") {
+	for _, line := range strings.Split(out.b.String(), "\n") {
 		if id := strings.TrimSpace(line); id != "" {
 			ids = append(ids, id)
 		}
@@ -104,8 +97,7 @@ func (b *Backend) run(ctx context.Context, step string, argv []string, vm backen
 	if len(argv) == 0 {
 		return fmt.Errorf("exec backend: no %s command configured", step)
 	}
-	cmd := osexec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(),
+	cmd := b.command(ctx, argv,
 		"BERTH_STEP="+step,
 		"BERTH_ATTEMPT="+vm.Attempt,
 		"BERTH_POOL="+vm.Pool,
@@ -115,17 +107,8 @@ func (b *Backend) run(ctx context.Context, step string, argv []string, vm backen
 		"BERTH_JIT_CONFIG_FILE="+vm.JITConfigFile,
 		"BERTH_WORK_DIR="+vm.WorkDir,
 	)
-	for k, v := range b.Env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	// The command runs in the agent's working directory, so relative paths in
-	// the config mean what the operator wrote; BERTH_WORK_DIR is the
-	// attempt's own directory.
 	var out tail
 	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 2 * time.Second
 	err := cmd.Run()
 	if ctx.Err() != nil {
 		return fmt.Errorf("%s step for %s: %w", step, vm.Attempt, ctx.Err())
@@ -138,6 +121,35 @@ func (b *Backend) run(ctx context.Context, step string, argv []string, vm backen
 		return fmt.Errorf("%s step for %s: %w", step, vm.Attempt, err)
 	}
 	return nil
+}
+
+// command prepares one step: the agent's environment plus env and the
+// configured extras, in the agent's working directory (so relative paths in
+// the config mean what the operator wrote), in its own process group, which
+// is killed when ctx ends.
+func (b *Backend) command(ctx context.Context, argv []string, env ...string) *osexec.Cmd {
+	cmd := osexec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), env...)
+	for k, v := range b.Env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 2 * time.Second
+	return cmd
+}
+
+// capped keeps at most max bytes of a step's output and drops the rest.
+type capped struct {
+	b   bytes.Buffer
+	max int
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if room := c.max - c.b.Len(); room > 0 {
+		c.b.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
 }
 
 // tail keeps the last 2 KiB a step printed, for its error message.

@@ -1,6 +1,9 @@
 package events
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 // Apply folds one event into the projection. It never fails and never
 // panics: an event of an unknown type is counted in Skipped. Applying the
@@ -124,10 +127,17 @@ func (f *Fleet) Apply(e Event) {
 // Skip records a stored message that could not be decoded (malformed, or of
 // a type this build does not know): it is counted and passed over, never
 // fatal, and the fold still covers its sequence.
-func (f *Fleet) Skip(seq uint64) {
+//
+// subject is the NATS subject it was stored on: a message skipped on a
+// pool's ledger still moves that ledger's last sequence, or every later
+// booking there would fail its expected-sequence check forever.
+func (f *Fleet) Skip(seq uint64, subject string) {
 	f.Skipped++
 	if seq > f.LastSeq {
 		f.LastSeq = seq
+	}
+	if pool, ok := strings.CutPrefix(subject, SubjectPrefix+".pool."); ok && pool != "" && !strings.Contains(pool, ".") {
+		f.poolSeq(pool, seq)
 	}
 }
 

@@ -51,7 +51,7 @@ func samples() map[string]events.Payload {
 		events.TypeAttemptDeregistered:      &events.AttemptDeregistered{AttemptRef: attemptRef(), RunnerID: 23},
 		events.TypeAttemptAbandoned: &events.AttemptAbandoned{AttemptRef: attemptRef(), Step: "stop",
 			After: 5 * time.Minute},
-		events.TypeHostOnline: &events.HostOnline{Host: "mac-1", Boot: "b-1",
+		events.TypeHostOnline: &events.HostOnline{Host: "mac-1", Boot: "b-1", At: at,
 			Pools:       map[string]events.PoolSlots{"macos": {Labels: []string{"self-hosted", "macos"}, Slots: 2}},
 			PhysicalCap: 2, CurveKey: "XAGENT", Backend: "vz"},
 		events.TypeHostDraining:   &events.HostDraining{HostChange: hostChange()},

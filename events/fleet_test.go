@@ -337,3 +337,18 @@ func TestLostHostOffersNoCapacityAndDrainingStillDoes(t *testing.T) {
 		t.Fatalf("after coming back: capacity %d, host %+v", c, f.Hosts["h2"])
 	}
 }
+
+// A message skipped on a pool's ledger (undecodable, or a version this
+// build does not know) still moves that ledger's last sequence: otherwise
+// every later booking there fails its expected-sequence check forever.
+func TestASkippedMessageOnAPoolLedgerMovesItsSequence(t *testing.T) {
+	f := events.NewFleet()
+	f.Skip(41, events.PoolSubject("macos"))
+	if p := f.Pools["macos"]; p == nil || p.LastSeq != 41 {
+		t.Fatalf("pool ledger after a skipped message: %+v, want LastSeq 41", p)
+	}
+	f.Skip(42, events.JobSubject(7))
+	if f.LastSeq != 42 || f.Skipped != 2 {
+		t.Fatalf("LastSeq %d Skipped %d", f.LastSeq, f.Skipped)
+	}
+}

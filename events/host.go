@@ -15,7 +15,8 @@ type PoolSlots struct {
 // HostOnline: an agent started and advertises its pools, slots, physical VM
 // cap (a macOS host runs at most 2 guests) and the curve public key JIT
 // configs are sealed to. Subject berth.evt.host.<host>; emitted by the agent
-// at start; key host + boot id.
+// at start, and again when it sees its host reported lost while it runs;
+// key host + boot id + announcement time.
 type HostOnline struct {
 	Host        string               `json:"host"`
 	Boot        string               `json:"boot"`
@@ -23,11 +24,14 @@ type HostOnline struct {
 	PhysicalCap int                  `json:"physical_cap"`
 	CurveKey    string               `json:"curve_key"`
 	Backend     string               `json:"backend"`
+	At          time.Time            `json:"at"`
 }
 
 func (HostOnline) EventType() string      { return TypeHostOnline }
 func (e HostOnline) EventSubject() string { return HostSubject(e.Host) }
-func (e HostOnline) EventID() string      { return e.Host + "/online/" + e.Boot }
+func (e HostOnline) EventID() string {
+	return e.Host + "/online/" + e.Boot + "/" + strconv.FormatInt(e.At.UnixNano(), 10)
+}
 
 // HostChange is the shape of the operator and watchdog host facts.
 type HostChange struct {

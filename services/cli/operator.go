@@ -103,7 +103,10 @@ func PrintJobs(w io.Writer, f *events.Fleet, limit int) error {
 // it gives the attempt's slot back, if it still holds one, with the pool
 // ledger's concurrency check, and asks for its VM's teardown. Both facts are
 // idempotent, so running it twice is harmless.
-func ReleaseAttempt(ctx context.Context, js jetstream.JetStream, attempt string) (string, error) {
+//
+// An attempt whose runner took a job that is still in progress is refused
+// unless force: releasing it would tear down a VM running a job.
+func ReleaseAttempt(ctx context.Context, js jetstream.JetStream, attempt string, force bool) (string, error) {
 	f, err := eventlog.Replay(ctx, js, nil)
 	if err != nil {
 		return "", err
@@ -111,6 +114,11 @@ func ReleaseAttempt(ctx context.Context, js jetstream.JetStream, attempt string)
 	a := f.Attempts[attempt]
 	if a == nil {
 		return "", fmt.Errorf("no attempt %q in the log (attempt ids look like berth-<job id>-<n>; `berth status` lists the ones holding slots)", attempt)
+	}
+	if bound := f.BoundJob(a.ID); bound != 0 && !force {
+		if j := f.Jobs[bound]; j != nil && j.Status == events.StatusInProgress {
+			return "", fmt.Errorf("attempt %s is running job %d (in progress): releasing it would stop that job; wait for it, or pass --force", a.ID, bound)
+		}
 	}
 	app := &eventlog.Appender{JS: js, Source: "berth/cli/" + Operator()}
 	now := time.Now().UTC()

@@ -73,7 +73,7 @@ func TestOperatorReleaseOfALeakedSlot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := cli.ReleaseAttempt(ctx, js, ref.Attempt); err != nil {
+	if _, err := cli.ReleaseAttempt(ctx, js, ref.Attempt, false); err != nil {
 		t.Fatal(err)
 	}
 	f, err := eventlog.Replay(ctx, js, nil)
@@ -86,11 +86,11 @@ func TestOperatorReleaseOfALeakedSlot(t *testing.T) {
 	if vs := f.Check(); len(vs) != 0 {
 		t.Fatalf("invariants: %v", vs)
 	}
-	what, err := cli.ReleaseAttempt(ctx, js, ref.Attempt)
+	what, err := cli.ReleaseAttempt(ctx, js, ref.Attempt, false)
 	if err != nil || !strings.Contains(what, "nothing to do") {
 		t.Fatalf("second release: %q %v", what, err)
 	}
-	if _, err := cli.ReleaseAttempt(ctx, js, "berth-404-1"); err == nil {
+	if _, err := cli.ReleaseAttempt(ctx, js, "berth-404-1", false); err == nil {
 		t.Fatal("released an unknown attempt")
 	}
 }

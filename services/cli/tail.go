@@ -47,6 +47,17 @@ func Tail(ctx context.Context, js jetstream.JetStream, f Filter, follow, asJSON 
 	if err != nil {
 		return err
 	}
+	if !follow {
+		// A filter that matches nothing delivers nothing: count first, so
+		// the command ends instead of waiting for a first message.
+		n, err := countMatching(ctx, js, f.Subjects())
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ch := make(chan eventlog.Delivered, 256)
@@ -70,6 +81,24 @@ func Tail(ctx context.Context, js jetstream.JetStream, f Filter, follow, asJSON 
 			}
 		}
 	}
+}
+
+func countMatching(ctx context.Context, js jetstream.JetStream, filters []string) (uint64, error) {
+	s, err := js.Stream(ctx, events.StreamName)
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, filter := range filters {
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+		if err != nil {
+			return 0, err
+		}
+		for _, c := range info.State.Subjects {
+			n += c
+		}
+	}
+	return n, nil
 }
 
 func printEvent(w io.Writer, d eventlog.Delivered, asJSON bool) error {

@@ -83,7 +83,10 @@ func Decide(f *events.Fleet, p Params) Plan {
 			// and a drain also idle runners, which GitHub would otherwise
 			// hand a new job. Neither spends the job's attempts.
 			plan.Release = append(plan.Release, release(a, hostWithdrawn(f, a)))
-		case a.Held() && (a.Failed || (a.Abandoned && !a.RunnerStarted)):
+		case a.Held() && bound == 0 && (a.Failed || (a.Abandoned && !a.RunnerStarted)):
+			// Only while no job is bound: a runner that already took a job
+			// keeps its slot until that job completes, whatever its create
+			// step reported.
 			// A create that failed or overran its deadline ends this
 			// attempt's claim on demand; its VM, if any, stays counted on
 			// the host until it is seen stopped.

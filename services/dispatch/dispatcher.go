@@ -105,7 +105,7 @@ func (d *Dispatcher) Apply(del eventlog.Delivered) {
 	if del.Err != nil {
 		d.metrics.skipped(del.Err)
 		d.opts.Logger.Warn("skipping event", "seq", del.Event.Seq, "err", del.Err)
-		d.fleet.Skip(del.Event.Seq)
+		d.fleet.Skip(del.Event.Seq, del.Event.Subject)
 		return
 	}
 	d.fleet.Apply(del.Event)

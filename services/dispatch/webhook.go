@@ -58,6 +58,12 @@ func (in *Intake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	parsed, err := github.ParseWebHook(event, body)
 	if err != nil {
+		if event == "workflow_job" || event == "ping" {
+			// A signed delivery we cannot read must not look delivered:
+			// GitHub shows a 400 as failed, and it can be redelivered.
+			in.reply(w, http.StatusBadRequest, event, "", "bad_request", "unreadable "+event+" payload: "+err.Error())
+			return
+		}
 		in.reply(w, http.StatusAccepted, event, "", "ignored", "event not handled: "+event)
 		return
 	}
@@ -65,6 +71,10 @@ func (in *Intake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case *github.PingEvent:
 		in.reply(w, http.StatusOK, event, "", "ping", e.GetZen())
 	case *github.WorkflowJobEvent:
+		if e.WorkflowJob == nil || e.GetWorkflowJob().GetID() <= 0 {
+			in.reply(w, http.StatusBadRequest, event, e.GetAction(), "bad_request", "workflow_job payload without a job id")
+			return
+		}
 		p := jobFact(delivery, e)
 		if p == nil {
 			in.reply(w, http.StatusAccepted, event, e.GetAction(), "ignored", "action not tracked")

@@ -255,6 +255,11 @@ func TestDeliveriesThatStoreNothing(t *testing.T) {
 		{"no delivery id", signed("workflow_job", "", queued), http.StatusBadRequest, "bad_request"},
 		{"ping", signed("ping", "d-5", fixture(t, "ping.json")), http.StatusOK, "ping"},
 		{"workflow_run", signed("workflow_run", "d-6", fixture(t, "workflow_run.requested.json")), http.StatusAccepted, "ignored"},
+		{"signed but truncated JSON", signed("workflow_job", "d-7", queued[:len(queued)/2]), http.StatusBadRequest, "bad_request"},
+		{"workflow_job null", signed("workflow_job", "d-8", []byte(`{"action":"queued","workflow_job":null}`)), http.StatusBadRequest, "bad_request"},
+		{"workflow_job missing", signed("workflow_job", "d-9", []byte(`{"action":"queued"}`)), http.StatusBadRequest, "bad_request"},
+		{"job id 0", signed("workflow_job", "d-10", []byte(`{"action":"queued","workflow_job":{"id":0,"labels":["self-hosted"]}}`)), http.StatusBadRequest, "bad_request"},
+		{"job id negative", signed("workflow_job", "d-11", []byte(`{"action":"queued","workflow_job":{"id":-5,"labels":["self-hosted"]}}`)), http.StatusBadRequest, "bad_request"},
 	}
 	in := newIntake(t)
 	for _, c := range cases {

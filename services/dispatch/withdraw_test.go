@@ -80,3 +80,17 @@ func TestAPlacementRefusedByADrainDoesNotSpendAnAttempt(t *testing.T) {
 		t.Errorf("a drain spent %d attempts", n)
 	}
 }
+
+// A runner that already took a job keeps its slot whatever its create step
+// reported afterwards (failed, or overran its deadline): releasing it would
+// tear down a VM that is running a job.
+func TestABoundAttemptIsNotReleasedForACreateFailure(t *testing.T) {
+	l := given(t).add(host("h-a", 2, 2), queued(7))
+	l.apply(l.decide())
+	r := events.AttemptRef{Attempt: events.AttemptID(7, 1), Pool: "linux", Host: "h-a"}
+	l.add(&events.AttemptPlaced{AttemptRef: r, JobID: 7}, &events.AttemptProvisioning{AttemptRef: r},
+		inProgress(7, r.Attempt), &events.AttemptFailed{AttemptRef: r, Step: "create", Error: "WaitDelay expired"})
+	if plan := l.decide(); len(plan.Release) != 0 {
+		t.Fatalf("released a bound attempt: %+v", plan.Release)
+	}
+}

@@ -62,6 +62,7 @@ func Follow(ctx context.Context, js jetstream.JetStream, filters []string, start
 		}
 		ev, derr := events.Unmarshal(msg.Data(), meta.Sequence.Stream)
 		ev.Seq = meta.Sequence.Stream
+		ev.Subject = msg.Subject() // the stored subject is authoritative, even for undecodable bytes
 		select {
 		case out <- Delivered{Event: ev, Pending: meta.NumPending, Err: derr}:
 		case <-ctx.Done():
@@ -118,7 +119,7 @@ func ReplayTo(ctx context.Context, js jetstream.JetStream, upto uint64, until ti
 			if d.Err == nil {
 				f.Apply(d.Event)
 			} else {
-				f.Skip(d.Event.Seq)
+				f.Skip(d.Event.Seq, d.Event.Subject)
 			}
 			if progress != nil && d.Event.Seq%10000 == 0 {
 				progress(d.Event.Seq, last)

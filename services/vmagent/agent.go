@@ -76,6 +76,7 @@ type Agent struct {
 	retry    map[string]*backoff  // attempts whose stop failed or overran → when to try again
 	// draining: refuse new creates; forceStop: stop every live VM (drain timeout).
 	draining, forceStop bool
+	reannounced         time.Time
 	sweep               sweep
 	lastHK              time.Time
 	wg                  sync.WaitGroup
@@ -131,10 +132,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// Runs before wg.Wait: a loop that fails also ends the heartbeat.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	pub, _ := a.curve.PublicKey()
-	online := events.HostOnline{Host: a.opts.Host, Boot: a.boot, Pools: a.opts.Pools,
-		PhysicalCap: a.opts.PhysicalCap, CurveKey: pub, Backend: a.backend.Name()}
-	if _, _, err := a.log.Append(ctx, a.log.New(a.opts.Now(), online), nil); err != nil {
+	if err := a.announce(ctx); err != nil {
 		return fmt.Errorf("announce host %s: %w", a.opts.Host, err)
 	}
 	kv, err := a.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: HeartbeatBucket,
@@ -164,6 +162,18 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.drain(life)
 	endLife()
 	return <-loopErr
+}
+
+// announce appends the host's online fact: at start, and again whenever
+// the agent, alive, sees its host reported lost (a pause or a partition
+// longer than the heartbeat TTL), so the host comes back without a restart.
+func (a *Agent) announce(ctx context.Context) error {
+	pub, _ := a.curve.PublicKey()
+	now := a.opts.Now()
+	online := events.HostOnline{Host: a.opts.Host, Boot: a.boot, Pools: a.opts.Pools,
+		PhysicalCap: a.opts.PhysicalCap, CurveKey: pub, Backend: a.backend.Name(), At: now.UTC()}
+	_, _, err := a.log.Append(ctx, a.log.New(now, online), nil)
+	return err
 }
 
 // drain takes the host out of service (DESIGN: SIGTERM on an agent): it
@@ -249,7 +259,7 @@ func (a *Agent) heartbeat(ctx context.Context, kv jetstream.KeyValue) {
 func (a *Agent) Apply(d eventlog.Delivered) {
 	if d.Err != nil {
 		a.opts.Logger.Warn("skipping event", "seq", d.Event.Seq, "err", d.Err)
-		a.fleet.Skip(d.Event.Seq)
+		a.fleet.Skip(d.Event.Seq, d.Event.Subject)
 		return
 	}
 	a.fleet.Apply(d.Event)
@@ -287,6 +297,14 @@ func (a *Agent) Decide(ctx context.Context) {
 				continue
 			}
 			a.startStop(ctx, at)
+		}
+	}
+	if h := a.fleet.Hosts[a.opts.Host]; h != nil && h.State == events.HostStateLost && !a.draining &&
+		now.Sub(a.reannounced) > 5*time.Second {
+		a.reannounced = now
+		a.opts.Logger.Warn("this host was reported lost while the agent runs; announcing it online again")
+		if err := a.announce(ctx); err != nil {
+			a.opts.Logger.Warn("re-announce failed; will retry", "err", err)
 		}
 	}
 	a.inventory(ctx, now)

@@ -65,3 +65,17 @@ func TestDrainTimeoutStopsWhatIsLeft(t *testing.T) {
 		t.Errorf("stop called %d times, want 1", n)
 	}
 }
+
+// Given a running agent whose host the watchdog reported lost (a pause or a
+// partition longer than the heartbeat TTL), the agent announces the host
+// online again, so it comes back without a restart.
+func TestAnAgentThatSeesItsHostLostAnnouncesItAgain(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, nil)
+	onlines := func() int {
+		return len(h.find(func(e events.Event) bool { _, ok := e.Data.(*events.HostOnline); return ok }))
+	}
+	before := onlines()
+	h.append(t, &events.HostLost{HostChange: events.HostChange{Host: h.host, Reason: "test", At: time.Now()}})
+	h.waitN(t, "a second host online", before+1, func(e events.Event) bool { _, ok := e.Data.(*events.HostOnline); return ok })
+}

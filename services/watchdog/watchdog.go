@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -87,6 +88,12 @@ func (w *Watchdog) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Load every heartbeat before the first decision: an empty map would
+	// read as "no host ever beat" and lose the whole fleet on a watchdog
+	// restart (law 7: missing data is not a fact).
+	if err := w.loadHeartbeats(ctx, kv); err != nil {
+		return fmt.Errorf("read heartbeats before judging hosts: %w", err)
+	}
 	watcher, err := kv.WatchAll(ctx)
 	if err != nil {
 		return err
@@ -120,11 +127,33 @@ func (w *Watchdog) Run(ctx context.Context) error {
 	return w.Loop.Run(ctx, w)
 }
 
+func (w *Watchdog) loadHeartbeats(ctx context.Context, kv jetstream.KeyValue) error {
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	keys, err := kv.ListKeys(lctx)
+	if err != nil {
+		return err
+	}
+	for key := range keys.Keys() {
+		e, err := kv.Get(lctx, key)
+		if err != nil {
+			continue
+		}
+		var hb struct {
+			At time.Time `json:"at"`
+		}
+		if json.Unmarshal(e.Value(), &hb) == nil {
+			w.heartbeats[key] = hb.At
+		}
+	}
+	return nil
+}
+
 // Apply implements eventlog.Reactor.
 func (w *Watchdog) Apply(d eventlog.Delivered) {
 	if d.Err != nil {
 		w.logger.Warn("skipping event", "seq", d.Event.Seq, "err", d.Err)
-		w.fleet.Skip(d.Event.Seq)
+		w.fleet.Skip(d.Event.Seq, d.Event.Subject)
 		return
 	}
 	w.fleet.Apply(d.Event)

@@ -65,6 +65,7 @@ func root() *cobra.Command {
 	if def == "" {
 		def = "nats://127.0.0.1:4222"
 	}
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	cmd.PersistentFlags().StringVar(&natsURL, "nats", def, "NATS server URL (env BERTH_NATS_URL)")
 	cmd.PersistentFlags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.AddCommand(devCmd(), serviceCmd("dispatcher", &natsURL), serviceCmd("watchdog", &natsURL), agentCmd(&natsURL),
@@ -74,6 +75,16 @@ func root() *cobra.Command {
 		hostActionCmd(&natsURL, "drain", "Take a host out of service: no new jobs, idle runners are stopped, running jobs finish"),
 		hostsCmd(&natsURL), jobsCmd(&natsURL), releaseCmd(&natsURL))
 	return cmd
+}
+
+// exactArgs is cobra.ExactArgs reporting a usage error (exit 2).
+func exactArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := cobra.ExactArgs(n)(cmd, args); err != nil {
+			return usageError{fmt.Errorf("%w (see berth %s --help)", err, cmd.Name())}
+		}
+		return nil
+	}
 }
 
 func loadConfig(path string) (*config.Config, error) {
@@ -298,6 +309,9 @@ func replayCmd(natsURL *string) *cobra.Command {
 				}
 				return nil
 			}
+			if seq != 0 && at != "" {
+				return usageError{fmt.Errorf("--seq and --at both name a point in the log: give one")}
+			}
 			var until time.Time
 			if at != "" {
 				if until, err = time.Parse(time.RFC3339, at); err != nil {
@@ -309,6 +323,9 @@ func replayCmd(natsURL *string) *cobra.Command {
 				return natsError{err}
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "\r")
+			if seq > st.AsOfSeq {
+				fmt.Fprintf(cmd.ErrOrStderr(), "note: the log ends at seq %d; this is the fleet as of then\n", st.AsOfSeq)
+			}
 			if err := cli.PrintStatus(cmd.OutOrStdout(), st, asJSON, time.Now()); err != nil {
 				return err
 			}
@@ -335,7 +352,7 @@ func hostActionCmd(natsURL *string, action, short string) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     action + " HOST",
 		Short:   short,
-		Args:    cobra.ExactArgs(1),
+		Args:    exactArgs(1),
 		Example: "  berth " + action + " mac-mini-01 --reason \"disk replacement\"",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			closeNC, js, err := run.JetStream(*natsURL)
@@ -398,13 +415,14 @@ func jobsCmd(natsURL *string) *cobra.Command {
 }
 
 func releaseCmd(natsURL *string) *cobra.Command {
-	return &cobra.Command{
+	var force bool
+	cmd := &cobra.Command{
 		Use:   "release ATTEMPT",
 		Short: "Give an attempt's slot back by hand and tear its VM down (what a slot-leak alarm asks for)",
 		Long: "release appends the facts a stuck reaction failed to: the slot's release on its pool's\n" +
 			"ledger (with the ledger's concurrency check) and the VM's teardown request. Use it after\n" +
 			"`berth replay --check` shows the log agrees that the slot is held by nothing live.",
-		Args:    cobra.ExactArgs(1),
+		Args:    exactArgs(1),
 		Example: "  berth release berth-4242-1",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			closeNC, js, err := run.JetStream(*natsURL)
@@ -412,7 +430,7 @@ func releaseCmd(natsURL *string) *cobra.Command {
 				return natsError{err}
 			}
 			defer closeNC()
-			what, err := cli.ReleaseAttempt(cmd.Context(), js, args[0])
+			what, err := cli.ReleaseAttempt(cmd.Context(), js, args[0], force)
 			if err != nil {
 				return err
 			}
@@ -420,4 +438,6 @@ func releaseCmd(natsURL *string) *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&force, "force", false, "release even if its runner is running a job (that job will fail)")
+	return cmd
 }

@@ -68,7 +68,7 @@ func (b *Backend) List(ctx context.Context) ([]string, error) {
 	cmd := b.command(ctx, b.ListCmd, "BERTH_STEP=list", "BERTH_ATTEMPTS_DIR="+b.attemptsDir)
 	var errOut tail
 	cmd.Stdout, cmd.Stderr = out, &errOut
-	if err := cmd.Run(); err != nil {
+	if err := cmd.Run(); err != nil && !(errors.Is(err, osexec.ErrWaitDelay) && cmd.ProcessState.Success()) {
 		return nil, fmt.Errorf("list step: %w: %s", err, errOut.String())
 	}
 	var ids []string
@@ -110,6 +110,11 @@ func (b *Backend) run(ctx context.Context, step string, argv []string, vm backen
 	var out tail
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
+	if errors.Is(err, osexec.ErrWaitDelay) && cmd.ProcessState != nil && cmd.ProcessState.Success() {
+		// The command exited 0 but left a child holding its output open
+		// (a runner started without redirecting it): the step succeeded.
+		err = nil
+	}
 	if ctx.Err() != nil {
 		return fmt.Errorf("%s step for %s: %w", step, vm.Attempt, ctx.Err())
 	}

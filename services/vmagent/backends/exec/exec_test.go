@@ -308,3 +308,20 @@ func TestShippedSimRunnerScriptStopsWhatCreateStarted(t *testing.T) {
 		t.Fatalf("stop with nothing left: %v", err)
 	}
 }
+
+// A create that exits 0 but leaves a background child holding its output
+// open (a runner started without redirecting it) succeeded: the contract is
+// the exit status.
+func TestCreateThatLeavesAChildHoldingOutputOpenSucceeds(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "create.sh")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\nsleep 3 &\necho started\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := exec.New([]string{script}, []string{"true"}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := b.Create(ctx, backend.VM{Attempt: "berth-1-1", WorkDir: dir}); err != nil {
+		t.Fatalf("create exited 0 but was reported failed: %v", err)
+	}
+}

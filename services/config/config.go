@@ -46,6 +46,12 @@ type Dispatcher struct {
 	MaxAttempts int `yaml:"max_attempts"`
 	// MintTimeout bounds one JIT-config call to GitHub.
 	MintTimeout time.Duration `yaml:"mint_timeout"`
+	// ReconcileAfter: a queued or running job with no new fact for this long
+	// is looked up through the API (GitHub never retries a failed webhook);
+	// ReconcileEvery paces the rounds, ReconcileLimit caps calls per round.
+	ReconcileAfter time.Duration `yaml:"reconcile_after"`
+	ReconcileEvery time.Duration `yaml:"reconcile_every"`
+	ReconcileLimit int           `yaml:"reconcile_limit"`
 }
 
 // GitHub is where and as whom the dispatcher calls the REST API.
@@ -185,6 +191,9 @@ func (c *Config) Defaults() {
 	or(&d.Listen, "127.0.0.1:8080")
 	or(&d.MaxAttempts, 5)
 	or(&d.MintTimeout, 10*time.Second)
+	or(&d.ReconcileAfter, 5*time.Minute)
+	or(&d.ReconcileEvery, time.Minute)
+	or(&d.ReconcileLimit, 20)
 	or(&d.GitHub.APIURL, "https://api.github.com/")
 	or(&d.GitHub.Scope, "org")
 	w := &c.Watchdog

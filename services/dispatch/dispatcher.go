@@ -17,6 +17,8 @@ import (
 // runner is named after the attempt and carries the pool's labels.
 type Minter interface {
 	Mint(ctx context.Context, a MintRequest) (runnerID int64, encodedJIT string, err error)
+	// JobState reads one job from the REST API (the reconcile poll).
+	JobState(ctx context.Context, owner, repo string, id int64) (JobState, error)
 	// Deregister deletes a runner registration. It returns nil when the
 	// runner is gone (deleted now, or a confirmed 404), ErrRunnerBusy when
 	// GitHub says it is running a job.
@@ -44,8 +46,11 @@ type Options struct {
 	// Budget, when set, holds bookings and mints back while GitHub says to
 	// wait: jobs stay demand and are served after the reset (BL-37).
 	Budget *Budget
-	Now    func() time.Time
-	Logger *slog.Logger
+	// Reconcile, when Every > 0, polls GitHub for jobs whose webhooks went
+	// missing.
+	Reconcile Reconcile
+	Now       func() time.Time
+	Logger    *slog.Logger
 }
 
 // Dispatcher is the act shell around Decide: it folds the log, appends the
@@ -64,6 +69,7 @@ type Dispatcher struct {
 	lastCompact time.Time
 	warnedUntil time.Time
 	lastObserve time.Time
+	lastRecon   time.Time
 	busy        map[string]time.Time // attempts GitHub reported busy → leave alone until
 	wg          sync.WaitGroup
 }
@@ -163,6 +169,7 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 	for _, a := range plan.Cleanup {
 		d.deregister(ctx, now, a)
 	}
+	d.reconcile(ctx, now)
 	d.housekeep(now)
 	// Gauges from a full status view once a second, not on every batch:
 	// the view is O(fleet) and decisions must stay cheap.
@@ -304,6 +311,47 @@ func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt)
 			}
 			logger.Info("attempt placed")
 		})
+	}()
+}
+
+// reconcile asks GitHub, off the loop and one call at a time, about jobs
+// whose facts stopped coming, and appends what a lost webhook would have
+// said. A delivery GitHub could not make (the dispatcher was down) is not
+// retried by GitHub, so without this a completed job's slot would stay held.
+func (d *Dispatcher) reconcile(ctx context.Context, now time.Time) {
+	r := d.opts.Reconcile
+	if r.Every <= 0 || now.Sub(d.lastRecon) < r.Every {
+		return
+	}
+	if blocked, _ := d.rateLimited(now); blocked {
+		return
+	}
+	d.lastRecon = now
+	var jobs []events.Job // copies: the goroutine must not read the fold
+	for _, j := range ReconcileCandidates(d.fleet, now, r) {
+		jobs = append(jobs, *j)
+	}
+	if len(jobs) == 0 {
+		return
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		for _, j := range jobs {
+			cctx, cancel := context.WithTimeout(ctx, d.opts.MintTimeout)
+			s, err := d.minter.JobState(cctx, j.Org, j.Repo, j.ID)
+			cancel()
+			if err != nil {
+				d.opts.Logger.Debug("reconcile read failed; nothing changes on a failed read", "job", j.ID, "err", err)
+				continue
+			}
+			if p := ReconcileFact(&j, s); p != nil {
+				d.opts.Logger.Warn("a webhook went missing; the API says the job moved on", "job", j.ID, "status", s.Status)
+				if _, _, err := d.log.Append(ctx, d.log.New(d.opts.Now(), p), nil); err != nil {
+					d.opts.Logger.Warn("reconciled fact not stored; the next round retries", "job", j.ID, "err", err)
+				}
+			}
+		}
 	}()
 }
 

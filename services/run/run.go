@@ -247,7 +247,8 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	d, err := dispatch.New(&eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 500 * time.Millisecond,
 		SnapshotKey: "dispatcher"}, app, minter,
 		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts}, MintTimeout: dc.MintTimeout,
-			Retention: cfg.Watchdog.Retention, Budget: budget, Logger: logger}, metrics)
+			Retention: cfg.Watchdog.Retention, Budget: budget, Logger: logger,
+			Reconcile: dispatch.Reconcile{After: dc.ReconcileAfter, Every: dc.ReconcileEvery, Limit: dc.ReconcileLimit}}, metrics)
 	if err != nil {
 		nc.Close()
 		return nil, "", err

@@ -1,0 +1,64 @@
+package vmagent
+
+import (
+	"context"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+)
+
+// drain takes the host out of service (DESIGN: SIGTERM on an agent): it
+// appends "host draining" so nothing new is placed here, lets running jobs
+// finish for up to ShutdownTimeout (a booting VM counts as active), then
+// stops what is left, each stop bounded by StopTimeout.
+func (a *Agent) drain(ctx context.Context) {
+	logger := a.opts.Logger
+	at := a.opts.Now()
+	ev := a.log.New(at, events.HostDraining{HostChange: events.HostChange{Host: a.opts.Host, At: at, By: "vmagent",
+		Reason: "agent received SIGTERM; running jobs may finish for up to " + a.opts.ShutdownTimeout.String()}})
+	if _, _, err := a.log.Append(ctx, ev, nil); err != nil {
+		logger.Warn("could not announce the drain; stopping anyway", "err", err)
+	}
+	a.Loop.Post(ctx, func() { a.draining = true })
+	deadline := time.Now().Add(a.opts.ShutdownTimeout)
+	logger.Info("draining", "active", a.active(ctx), "timeout", a.opts.ShutdownTimeout)
+	for last := time.Now(); a.active(ctx) > 0 && time.Now().Before(deadline); {
+		if time.Since(last) > 10*time.Second {
+			logger.Info("draining: waiting for running jobs", "active", a.active(ctx), "left", time.Until(deadline).Round(time.Second))
+			last = time.Now()
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := a.active(ctx); n > 0 {
+		logger.Warn("drain timeout: stopping the VMs still running", "active", n)
+		a.Loop.Post(ctx, func() { a.forceStop = true })
+		end := time.Now().Add(a.opts.StopTimeout + time.Second)
+		for a.active(ctx) > 0 && time.Now().Before(end) {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	logger.Info("drained", "left", a.active(ctx))
+}
+
+// active counts this host's VMs that exist or are being created, read on
+// the loop.
+func (a *Agent) active(ctx context.Context) int {
+	n := -1
+	done := make(chan struct{})
+	a.Loop.Post(ctx, func() {
+		n = len(a.creating)
+		for _, at := range a.fleet.Attempts {
+			if at.Host == a.opts.Host && at.VMLive() && !at.Abandoned && !a.creating[at.ID] {
+				n++
+			}
+		}
+		close(done)
+	})
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return 0
+	case <-time.After(5 * time.Second):
+	}
+	return n
+}

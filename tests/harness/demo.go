@@ -32,6 +32,8 @@ type Report struct {
 	Violations   []events.Violation
 	Elapsed      time.Duration
 	NATSURL      string
+	Dispatcher   string // base URLs of the live services, for berth replay --check
+	Watchdog     string
 }
 
 // OK is the demo's verdict: every job served once, nothing left held or alive.
@@ -70,7 +72,8 @@ func Run(ctx context.Context, o Options) (Report, error) {
 // Drive enqueues the plan and waits for the fleet to settle.
 func (f *Fleet) Drive(ctx context.Context, o Options) (Report, error) {
 	plan := JobPlan(o)
-	rep := Report{Jobs: len(plan), NATSURL: f.Sys.NATSURL, Conclusions: map[string]int{}}
+	rep := Report{Jobs: len(plan), NATSURL: f.Sys.NATSURL, Conclusions: map[string]int{},
+		Dispatcher: "http://" + f.Sys.DispatcherAddr, Watchdog: "http://" + f.Sys.WatchdogAddr}
 	deadline := time.Now().Add(o.Timeout)
 	gap := time.Duration(0)
 	if len(plan) > 1 {
@@ -268,6 +271,7 @@ func PrintSummary(w io.Writer, r Report, keep bool) {
 	fmt.Fprintf(w, "  ./bin/nats --server %s stream subjects BERTH_EVENTS 'berth.evt.job.>'   # job ids\n", r.NATSURL)
 	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s status\n", r.NATSURL)
 	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s events --job <job id>\n", r.NATSURL)
+	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s replay --check --service %s --service %s\n", r.NATSURL, r.Dispatcher, r.Watchdog)
 	if r.OK() {
 		fmt.Fprintln(w, "RESULT: OK")
 	} else {

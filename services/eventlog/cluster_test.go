@@ -1,0 +1,144 @@
+package eventlog_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// cluster starts the three nodes of deploy/nats/cluster on loopback: each
+// node's file is parsed as shipped, then its ports, routes and store are
+// moved to free local ones.
+func cluster(t *testing.T) ([]*server.Server, string) {
+	t.Helper()
+	free := func() int {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		return ln.Addr().(*net.TCPAddr).Port
+	}
+	routePorts := []int{free(), free(), free()}
+	var routes []*url.URL
+	for _, p := range routePorts {
+		routes = append(routes, &url.URL{Scheme: "nats", Host: fmt.Sprintf("127.0.0.1:%d", p)})
+	}
+	var servers []*server.Server
+	var urls []string
+	for i := range 3 {
+		opts, err := server.ProcessConfigFile(filepath.Join("..", "..", "deploy", "nats", "cluster", fmt.Sprintf("nats-%d.conf", i+1)))
+		if err != nil {
+			t.Fatalf("deploy/nats/cluster/nats-%d.conf: %v", i+1, err)
+		}
+		if opts.Cluster.Name != "berth" || !opts.JetStream || len(opts.Routes) != 3 {
+			t.Fatalf("nats-%d.conf: cluster %q, jetstream %v, %d routes", i+1, opts.Cluster.Name, opts.JetStream, len(opts.Routes))
+		}
+		opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", free(), 0
+		opts.Cluster.Host, opts.Cluster.Port, opts.Routes = "127.0.0.1", routePorts[i], routes
+		opts.StoreDir, opts.NoLog, opts.NoSigs = t.TempDir(), true, true
+		s, err := server.NewServer(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go s.Start()
+		if !s.ReadyForConnections(10 * time.Second) {
+			t.Fatalf("node %d not ready", i+1)
+		}
+		t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+		servers = append(servers, s)
+		urls = append(urls, s.ClientURL())
+	}
+	return servers, strings.Join(urls, ",")
+}
+
+// Given a 3-node cluster and an R3 stream, when the stream's leader is
+// killed while facts are being appended (each retried with the same id
+// until stored, as every Berth writer does), then every fact is stored
+// exactly once and appending continues within seconds (law 9: the
+// Nats-Msg-Id makes a retried publish harmless across a leader change).
+func TestKillingTheStreamLeaderLosesAndDoublesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 3-node cluster takes a few seconds")
+	}
+	servers, urls := cluster(t)
+	nc, js, err := eventlog.Connect(urls, t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	for {
+		actx, acancel := context.WithTimeout(ctx, 3*time.Second)
+		_, err = eventlog.EnsureStream(actx, js, eventlog.StreamConfig{Replicas: 3})
+		acancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("R3 stream never created: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond) // the cluster is electing its meta leader
+	}
+	app := &eventlog.Appender{JS: js, Source: "test", Timeout: 2 * time.Second}
+	const total = 600
+	var killedAt time.Time
+	var resumed time.Duration
+	for i := 1; i <= total; i++ {
+		ev := app.New(time.Now(), events.JobQueued{JobRef: events.JobRef{Delivery: fmt.Sprintf("d-%d", i), JobID: int64(i), Labels: []string{"x"}}})
+		for attempt := 0; ; attempt++ {
+			_, _, err := app.Append(ctx, ev, nil)
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil || errors.Is(err, eventlog.ErrConflict) {
+				t.Fatalf("fact %d not stored: %v", i, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if !killedAt.IsZero() && resumed == 0 {
+			resumed = time.Since(killedAt)
+		}
+		if i == total/3 {
+			s, err := js.Stream(ctx, events.StreamName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := s.Info(ctx)
+			if err != nil || info.Cluster == nil {
+				t.Fatalf("stream info: %v", err)
+			}
+			for _, srv := range servers {
+				if srv.Name() == info.Cluster.Leader {
+					srv.Shutdown()
+					killedAt = time.Now()
+				}
+			}
+			if killedAt.IsZero() {
+				t.Fatalf("stream leader %q is none of the nodes", info.Cluster.Leader)
+			}
+		}
+	}
+	if resumed > 20*time.Second {
+		t.Errorf("appending resumed %v after the leader died, want seconds", resumed)
+	}
+	f, err := eventlog.Replay(ctx, js, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f.Jobs) != total || f.LastSeq != total {
+		t.Fatalf("%d jobs in %d stored facts, want exactly %d of each", len(f.Jobs), f.LastSeq, total)
+	}
+	t.Logf("leader killed after %d facts; appends resumed after %v", total/3, resumed.Round(time.Millisecond))
+}

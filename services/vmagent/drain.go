@@ -32,7 +32,7 @@ func (a *Agent) drain(ctx context.Context) {
 	if n := a.active(ctx); n > 0 {
 		logger.Warn("drain timeout: stopping the VMs still running", "active", n)
 		a.Loop.Post(ctx, func() { a.forceStop = true })
-		end := time.Now().Add(a.opts.StopTimeout + time.Second)
+		end := time.Now().Add(a.opts.StopTimeout + 5*time.Second) // the stop, then its fact
 		for a.active(ctx) > 0 && time.Now().Before(end) {
 			time.Sleep(100 * time.Millisecond)
 		}

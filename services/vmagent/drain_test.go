@@ -79,3 +79,21 @@ func TestAnAgentThatSeesItsHostLostAnnouncesItAgain(t *testing.T) {
 	h.append(t, &events.HostLost{HostChange: events.HostChange{Host: h.host, Reason: "test", At: time.Now()}})
 	h.waitN(t, "a second host online", before+1, func(e events.Event) bool { _, ok := e.Data.(*events.HostOnline); return ok })
 }
+
+// Given a drain whose forced stop wedges forever (a hypervisor call that
+// never returns), the drain still ends within its bounds: the stop is
+// abandoned under its deadline and the agent exits (law 3).
+func TestDrainWithAWedgedStopStillEnds(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(o *vmagent.Options) { o.ShutdownTimeout = 300 * time.Millisecond })
+	const a = "berth-404-1"
+	h.be.set("stop", a, wedge)
+	h.place(t, h.host, a, 404, []byte("jit"))
+	h.wait(t, a, events.TypeAttemptRunnerStarted)
+	start := time.Now()
+	h.stop()
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("drain with a wedged stop took %v; shutdown 300ms + stop deadline 300ms", took)
+	}
+	h.wait(t, a, events.TypeAttemptAbandoned)
+}

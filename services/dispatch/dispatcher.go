@@ -143,8 +143,9 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 		d.append(ctx, now, u, nil)
 	}
 	if blocked, until := d.rateLimited(now); blocked {
-		// Book nothing GitHub will not let us mint for; demand waits.
-		plan.Reserve, plan.Mint = nil, nil
+		// Call GitHub for nothing until it allows calls again: no bookings
+		// to mint for, no mints, no deregistrations; demand waits.
+		plan.Reserve, plan.Mint, plan.Deregister, plan.Cleanup = nil, nil, nil, nil
 		if !d.warnedUntil.Equal(until) {
 			d.warnedUntil = until
 			d.opts.Logger.Warn("GitHub rate limit: no new bookings or JIT configs until the reset; queued jobs wait",

@@ -347,22 +347,27 @@ func (a *Agent) startCreate(ctx context.Context, at *events.Attempt) {
 	if err := a.append(ctx, events.AttemptProvisioning{AttemptRef: r}); err != nil {
 		return
 	}
-	vm := a.vm(at)
-	jit, err := a.curve.Open(at.SealedJIT, at.SealedBy)
-	if err == nil {
-		err = writeJIT(vm, jit)
-	}
-	if err != nil {
-		a.append(ctx, events.AttemptFailed{AttemptRef: r, Step: "open_jit", Error: err.Error()})
-		return
-	}
+	vm, sealed, sealedBy := a.vm(at), at.SealedJIT, at.SealedBy
 	a.creating[at.ID] = true
 	logger := a.opts.Logger.With("attempt", at.ID, "pool", at.Pool, "job", at.JobID)
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
+		// Opening the sealed config and writing its file are off the loop
+		// too: a slow or full disk must not hold every other attempt.
+		jit, err := a.curve.Open(sealed, sealedBy)
+		if err == nil {
+			err = writeJIT(vm, jit)
+		}
+		if err != nil {
+			a.Loop.Post(ctx, func() {
+				delete(a.creating, r.Attempt)
+				a.append(ctx, events.AttemptFailed{AttemptRef: r, Step: "open_jit", Error: err.Error()})
+			})
+			return
+		}
 		start := time.Now()
-		err := a.step(ctx, a.opts.CreateTimeout, func(c context.Context) error { return a.backend.Create(c, vm) })
+		err = a.step(ctx, a.opts.CreateTimeout, func(c context.Context) error { return a.backend.Create(c, vm) })
 		var result events.Payload = events.AttemptRunnerStarted{AttemptRef: r, Took: time.Since(start)}
 		switch {
 		case ctx.Err() != nil:
@@ -398,6 +403,9 @@ func (a *Agent) startStop(ctx context.Context, at *events.Attempt) {
 		if late != nil {
 			go a.awaitLateStop(ctx, r, vm, late, logger)
 		}
+		if err == nil {
+			_ = os.RemoveAll(vm.WorkDir) // here, not on the loop
+		}
 		a.Loop.Post(ctx, func() {
 			delete(a.stopping, r.Attempt)
 			switch {
@@ -412,7 +420,6 @@ func (a *Agent) startStop(ctx context.Context, at *events.Attempt) {
 			case err != nil:
 				logger.Warn("stop failed; will retry", "err", err, "retry_in", a.backOff(r.Attempt))
 			default:
-				_ = os.RemoveAll(vm.WorkDir)
 				logger.Info("VM stopped", "late", abandoned)
 				a.append(ctx, events.AttemptStopped{AttemptRef: r, Late: abandoned})
 			}
@@ -431,8 +438,8 @@ func (a *Agent) awaitLateStop(ctx context.Context, r events.AttemptRef, vm backe
 			return
 		}
 		logger.Info("a stop returned after its deadline: VM stopped late")
+		_ = os.RemoveAll(vm.WorkDir)
 		a.Loop.Post(ctx, func() {
-			_ = os.RemoveAll(vm.WorkDir)
 			a.append(ctx, events.AttemptStopped{AttemptRef: r, Late: true})
 		})
 	}
@@ -460,19 +467,8 @@ func (a *Agent) stepLate(ctx context.Context, timeout time.Duration, fn func(con
 // return, step returns at the deadline anyway and leaves fn behind: the loop
 // is never held hostage by a backend.
 func (a *Agent) step(ctx context.Context, timeout time.Duration, fn func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- fn(ctx) }()
-	select {
-	case err := <-done:
-		if err != nil && ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	err, _ := a.stepLate(ctx, timeout, fn)
+	return err
 }
 
 func writeJIT(vm backend.VM, jit []byte) error {

@@ -63,7 +63,7 @@ func TestWhileRateLimitedTheDispatcherBooksAndCallsNothing(t *testing.T) {
 		t.Errorf("%d facts appended while GitHub said to wait, want none", n)
 	}
 	apply(completed(1, "", "cancelled"), completed(2, "", "cancelled"))
-	d.Decide(ctx) // now the placed runner is surplus: a deregistration would follow
+	d.Decide(ctx)                      // now the placed runner is surplus: a deregistration would follow
 	time.Sleep(300 * time.Millisecond) // calls would run off the loop; give them time to show
 	if n := m.calls.Load(); n != 0 {
 		t.Errorf("%d GitHub calls while rate limited", n)

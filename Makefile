@@ -29,6 +29,14 @@ bench:
 bench-smoke:
 	$(GO) run ./tests/cmd/bench -smoke -invoked-as "make bench-smoke$(if $(BENCH_FLAGS), BENCH_FLAGS='$(BENCH_FLAGS)')" $(BENCH_FLAGS)
 
+## chaos: the chaos test at full size (issue 4): 2000 jobs through the real service processes on a
+## 3-node NATS cluster while a random part is SIGKILLed and restarted every few seconds (CHAOS_JOBS,
+## and BERTH_CHAOS_SEED to replay a run's choices; `make test` runs it at 150 jobs)
+CHAOS_JOBS ?= 2000
+.PHONY: chaos
+chaos:
+	BERTH_CHAOS_JOBS=$(CHAOS_JOBS) $(GO) test -count=1 -v -run TestChaos ./tests/chaos/ -timeout 60m
+
 ## tools: the nats CLI the inspection tests use, installed into ./bin
 tools: $(BIN)/nats
 $(BIN)/nats:
@@ -54,11 +62,12 @@ clean:
 	rm -rf $(BIN) data
 
 ## images: berth and nats images FROM scratch, from static binaries built here
+## (linux binaries for the host's CPU, also when make runs on macOS)
 IMAGE_DIR := $(BIN)/images
 images:
 	mkdir -p $(IMAGE_DIR)/berth $(IMAGE_DIR)/nats
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(IMAGE_DIR)/berth/berth ./services/cmd/berth
-	cd services && CGO_ENABLED=0 GOWORK=off $(GO) build -trimpath -o $(IMAGE_DIR)/nats/nats-server github.com/nats-io/nats-server/v2
+	CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -o $(IMAGE_DIR)/berth/berth ./services/cmd/berth
+	cd services && CGO_ENABLED=0 GOOS=linux GOWORK=off $(GO) build -trimpath -o $(IMAGE_DIR)/nats/nats-server github.com/nats-io/nats-server/v2
 	cp deploy/nats/nats.conf $(IMAGE_DIR)/nats/
 	docker build -q -t berth/berth:local -f deploy/docker/berth.Dockerfile $(IMAGE_DIR)/berth
 	docker build -q -t berth/nats:local -f deploy/docker/nats.Dockerfile $(IMAGE_DIR)/nats

@@ -142,6 +142,11 @@ func (f *Fleet) Skip(seq uint64, subject string) {
 }
 
 func (f *Fleet) jobFact(r JobRef, st JobStatus, at time.Time, runner, conclusion string) {
+	if r.Delivery != "" {
+		if seen, ok := f.Deliveries[r.Delivery]; !ok || at.Before(seen) {
+			f.Deliveries[r.Delivery] = at
+		}
+	}
 	j := f.job(r.JobID)
 	if j.RunID == 0 {
 		j.RunID, j.RunAttempt, j.Org, j.Repo, j.Name = r.RunID, r.RunAttempt, r.Org, r.Repo, r.Name
@@ -211,6 +216,10 @@ func (f *Fleet) alarm(key string) *Alarm {
 	return a
 }
 
+// DeliveryMemory is how long Compact keeps a delivery id at least: GitHub
+// redelivers a failed delivery for 3 days, plus an hour of clock slack.
+const DeliveryMemory = 73 * time.Hour
+
 // Compact drops terminal records older than retention (law 5: memory is flat
 // in the number of jobs served). A completed job is dropped once none of its
 // attempts is live; a terminal attempt once its last fact is that old. Keep
@@ -248,6 +257,12 @@ func (f *Fleet) Compact(now time.Time, retention time.Duration) (jobs, attempts 
 	for k, a := range f.Alarms {
 		if !a.Active && a.last.at.Before(cut) {
 			delete(f.Alarms, k)
+		}
+	}
+	dcut := now.Add(-max(retention, DeliveryMemory))
+	for id, at := range f.Deliveries {
+		if at.Before(dcut) {
+			delete(f.Deliveries, id)
 		}
 	}
 	return jobs, attempts

@@ -102,6 +102,12 @@ type Fleet struct {
 	Alarms   map[string]*Alarm
 	// DemandReported is the time of the last demand-waiting report per pool.
 	DemandReported map[string]time.Time
+	// Deliveries holds the GitHub delivery ids (X-GitHub-Delivery) of the
+	// job facts stored, with the fact's time: what the dispatcher must not
+	// ask GitHub to redeliver. Compact keeps them for DeliveryMemory (GitHub
+	// redelivers for 3 days) or the retention, whichever is longer, so it
+	// grows with deliveries of the last days, not with history.
+	Deliveries map[string]time.Time
 	// LastSeq is the highest stream sequence applied.
 	LastSeq uint64
 	// Skipped counts events of unknown types.
@@ -121,6 +127,7 @@ func NewFleet() *Fleet {
 		Pools:          map[string]*Pool{},
 		Alarms:         map[string]*Alarm{},
 		DemandReported: map[string]time.Time{},
+		Deliveries:     map[string]time.Time{},
 		byRunner:       map[string]int64{},
 	}
 }

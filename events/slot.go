@@ -8,6 +8,7 @@ const (
 	ReleaseRegistration     = "registration_timeout" // the runner started but never took a job
 	ReleaseCreateFailed     = "create_failed"        // the backend's create step failed or was abandoned
 	ReleaseMintFailed       = "mint_failed"          // GitHub refused the JIT config
+	ReleaseRateLimited      = "rate_limited"         // GitHub rate-limited the JIT-config call: not a failure; the job stays demand and is booked again after the reset
 	ReleaseHostLost         = "host_lost"            // the host stopped heartbeating
 	ReleaseHostDraining     = "host_draining"        // the host drains: its bookings and idle runners go back
 	ReleaseHostCordoned     = "host_cordoned"        // the host was cordoned before the booking got a VM

@@ -45,6 +45,7 @@ type (
 		Alarms         []snapAlarm          `json:"alarms"`
 		DemandReported map[string]time.Time `json:"demand_reported"`
 		ByRunner       map[string]int64     `json:"by_runner"`
+		Deliveries     map[string]time.Time `json:"deliveries,omitempty"`
 	}
 )
 
@@ -57,7 +58,7 @@ func fromSnap(s snapStamp) stamp { return stamp{s.At, s.Seq, s.ID} }
 // a full replay).
 func MarshalSnapshot(f *Fleet) ([]byte, error) {
 	s := snapshot{Version: SnapshotVersion, LastSeq: f.LastSeq, Skipped: f.Skipped, Applied: f.Applied,
-		DemandReported: f.DemandReported, ByRunner: f.byRunner}
+		DemandReported: f.DemandReported, ByRunner: f.byRunner, Deliveries: f.Deliveries}
 	for _, j := range f.Jobs {
 		s.Jobs = append(s.Jobs, j)
 	}
@@ -136,6 +137,9 @@ func UnmarshalSnapshot(b []byte) (*Fleet, error) {
 	}
 	if s.ByRunner != nil {
 		f.byRunner = s.ByRunner
+	}
+	if s.Deliveries != nil {
+		f.Deliveries = s.Deliveries
 	}
 	return f, nil
 }

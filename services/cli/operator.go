@@ -28,7 +28,7 @@ func Operator() string {
 // placements), "uncordon", or "drain" (no new placements, and idle runners
 // and bookings without a VM are taken back). The host must be known.
 func HostAction(ctx context.Context, js jetstream.JetStream, action, host, reason string) (uint64, error) {
-	f, err := eventlog.Replay(ctx, js, nil)
+	f, _, err := eventlog.ReplayFrom(ctx, js, 0, time.Time{}, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -107,7 +107,7 @@ func PrintJobs(w io.Writer, f *events.Fleet, limit int) error {
 // An attempt whose runner took a job that is still in progress is refused
 // unless force: releasing it would tear down a VM running a job.
 func ReleaseAttempt(ctx context.Context, js jetstream.JetStream, attempt string, force bool) (string, error) {
-	f, err := eventlog.Replay(ctx, js, nil)
+	f, _, err := eventlog.ReplayFrom(ctx, js, 0, time.Time{}, nil)
 	if err != nil {
 		return "", err
 	}

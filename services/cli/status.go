@@ -22,7 +22,7 @@ const HeartbeatBucket = "berth_heartbeats"
 // FleetStatus replays the log and reads the heartbeat bucket: the
 // `berth status` view. It needs no running dispatcher, only NATS.
 func FleetStatus(ctx context.Context, js jetstream.JetStream) (events.Status, error) {
-	f, err := eventlog.Replay(ctx, js, nil)
+	f, _, err := eventlog.ReplayFrom(ctx, js, 0, time.Time{}, nil)
 	if err != nil {
 		return events.Status{}, err
 	}

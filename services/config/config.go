@@ -5,7 +5,10 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/berth-ci/berth/events"
@@ -32,6 +35,88 @@ type NATS struct {
 	Replicas int `yaml:"replicas"`
 	// DuplicateWindow is how long JetStream deduplicates Nats-Msg-Id.
 	DuplicateWindow time.Duration `yaml:"duplicate_window"`
+	// MaxAge, MaxBytes and MaxMsgs bound the event log (JetStream limits
+	// retention): once any is passed, the oldest facts are dropped. Every
+	// service restarts from its snapshot (saved every minute) plus the tail,
+	// so dropped facts are never missed while snapshots cover them.
+	//
+	// MaxAge defaults to 720h (30 days): disk stays bounded without anyone
+	// sizing it, a month of history stays readable with `berth events` and
+	// `berth replay --at`, and a stopped service or a lost snapshot bucket
+	// has weeks to be noticed. "0s" keeps every fact for ever. It must be at
+	// least watchdog.max_job_duration (or retention, if longer) plus one
+	// day: see Validate. nil only before Defaults.
+	MaxAge *time.Duration `yaml:"max_age"`
+	// MaxBytes caps the stream's size ("10GiB", or bytes); 0, the default,
+	// means no cap. A cap drops facts by volume, not age: set it as a
+	// safety net for the server's disk, well above a month of facts.
+	MaxBytes ByteSize `yaml:"max_bytes"`
+	// MaxMsgs caps the number of facts; 0, the default, means no cap.
+	MaxMsgs int64 `yaml:"max_msgs"`
+}
+
+// StreamMaxAge is MaxAge, 0 (no limit) when unset.
+func (n NATS) StreamMaxAge() time.Duration {
+	if n.MaxAge == nil {
+		return 0
+	}
+	return *n.MaxAge
+}
+
+// Bounds below which a retention setting would drop facts the services
+// still need; Validate explains each to the operator.
+const (
+	// MaxAgeSlack is how much longer than the longest a job can live (and
+	// then stay in the projections) the log must keep facts: time to bring
+	// a stopped service back, or to notice a lost snapshot, before the
+	// facts its fold needs are gone.
+	MaxAgeSlack = 24 * time.Hour
+	// MinMaxBytes and MinMaxMsgs: a size cap drops facts in a burst, not by
+	// age; below these (thousands of jobs' facts) a busy minute could drop
+	// facts a snapshot does not cover yet.
+	MinMaxBytes ByteSize = 100 << 20
+	MinMaxMsgs  int64    = 100_000
+)
+
+// ByteSize is a size in bytes; YAML gives it as an integer or with a unit:
+// "512MiB", "10GiB", "1TB" (KB, MB, GB, TB are powers of 1000; KiB, MiB,
+// GiB, TiB of 1024).
+type ByteSize int64
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
+	s := strings.TrimSpace(n.Value)
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}}
+	mult := int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v < 0 || (v > 0 && mult > math.MaxInt64/v) {
+		return fmt.Errorf("line %d: size %q: give bytes or a whole number with KiB, MiB, GiB, TiB (or KB, MB, GB, TB)", n.Line, n.Value)
+	}
+	*b = ByteSize(v * mult)
+	return nil
+}
+
+// String prints the size in the largest binary unit that divides it.
+func (b ByteSize) String() string {
+	for _, u := range []struct {
+		suffix string
+		mult   ByteSize
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if b != 0 && b%u.mult == 0 {
+			return strconv.FormatInt(int64(b/u.mult), 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(int64(b), 10) + "B"
 }
 
 // Dispatcher is GitHub intake, slot booking and JIT minting.
@@ -52,6 +137,11 @@ type Dispatcher struct {
 	ReconcileAfter time.Duration `yaml:"reconcile_after"`
 	ReconcileEvery time.Duration `yaml:"reconcile_every"`
 	ReconcileLimit int           `yaml:"reconcile_limit"`
+	// ReconcileRedeliver makes each reconcile round also ask GitHub to
+	// redeliver failed workflow_job deliveries (younger than 3 days) that
+	// the log does not hold, through the hook-deliveries API of the App
+	// (github.app) or of the webhook github.hook_id names. Off by default.
+	ReconcileRedeliver bool `yaml:"reconcile_redeliver"`
 }
 
 // GitHub is where and as whom the dispatcher calls the REST API.
@@ -68,6 +158,11 @@ type GitHub struct {
 	Scope         string `yaml:"scope"`
 	Org           string `yaml:"org"`
 	RunnerGroupID int64  `yaml:"runner_group_id"`
+	// HookID names an organization webhook (of Org) or, with HookRepo
+	// ("owner/repo"), a repository webhook, whose deliveries
+	// reconcile_redeliver reads; 0 with an App means the App's webhook.
+	HookID   int64  `yaml:"hook_id"`
+	HookRepo string `yaml:"hook_repo"`
 }
 
 // GitHubApp is a GitHub App installation (preferred over a token: its
@@ -187,6 +282,10 @@ func (c *Config) Defaults() {
 	or(&c.NATS.Listen, "127.0.0.1:4222")
 	or(&c.NATS.Replicas, 1)
 	or(&c.NATS.DuplicateWindow, 2*time.Minute)
+	if c.NATS.MaxAge == nil {
+		age := 30 * 24 * time.Hour
+		c.NATS.MaxAge = &age
+	}
 	d := &c.Dispatcher
 	or(&d.Listen, "127.0.0.1:8080")
 	or(&d.MaxAttempts, 5)
@@ -233,6 +332,16 @@ func (c *Config) Validate() error {
 	if s := c.Dispatcher.GitHub.Scope; s != "org" && s != "repo" {
 		bad("dispatcher.github.scope %q: use org or repo", s)
 	}
+	if gh := c.Dispatcher.GitHub; c.Dispatcher.ReconcileRedeliver && gh.HookID == 0 && gh.App.ID == 0 {
+		bad("dispatcher.reconcile_redeliver needs the webhook whose deliveries to read: a GitHub App (dispatcher.github.app), or dispatcher.github.hook_id (with org, or hook_repo: owner/repo)")
+	}
+	if gh := c.Dispatcher.GitHub; gh.HookID != 0 && gh.HookRepo == "" && gh.Org == "" {
+		bad("dispatcher.github.hook_id %d: set dispatcher.github.org (an organization webhook) or hook_repo: owner/repo (a repository webhook)", gh.HookID)
+	}
+	if r := c.Dispatcher.GitHub.HookRepo; r != "" && strings.Count(r, "/") != 1 {
+		bad("dispatcher.github.hook_repo %q: give owner/repo", r)
+	}
+	c.validateRetention(bad)
 	seen := map[string]bool{}
 	for i, a := range c.Agents {
 		if err := events.ValidName("host", a.Host); err != nil {
@@ -260,6 +369,39 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// validateRetention checks the stream's limits against what the services
+// need the log for (see NATS.MaxAge).
+func (c *Config) validateRetention(bad func(string, ...any)) {
+	n, w := c.NATS, c.Watchdog
+	age := n.StreamMaxAge()
+	if age < 0 {
+		bad("nats.max_age %v: give a positive duration such as 720h, or 0s to keep every fact for ever", age)
+	}
+	if age > 0 {
+		if n.DuplicateWindow > age {
+			bad("nats.duplicate_window %v is longer than nats.max_age %v: a fact cannot be deduplicated after it expired; shorten duplicate_window or raise max_age",
+				n.DuplicateWindow, age)
+		}
+		longest, what := w.MaxJobDuration, "watchdog.max_job_duration"
+		if w.Retention > longest {
+			longest, what = w.Retention, "watchdog.retention"
+		}
+		if need := longest + MaxAgeSlack; age < need {
+			bad("nats.max_age %v is too short: facts must outlive %s (%v) by a day (%v in all), so that a job's whole story stays in the log "+
+				"and a service stopped for a while (snapshots are saved every minute) comes back with the facts it missed; "+
+				"raise max_age to %v or more (or 0s for no limit), or lower %s", age, what, longest, need, need, what)
+		}
+	}
+	if n.MaxBytes < 0 || (n.MaxBytes > 0 && n.MaxBytes < MinMaxBytes) {
+		bad("nats.max_bytes %v: give 0 (no cap) or at least %v; a smaller cap drops facts by volume in a busy minute, before any snapshot covers them",
+			n.MaxBytes, MinMaxBytes)
+	}
+	if n.MaxMsgs < 0 || (n.MaxMsgs > 0 && n.MaxMsgs < MinMaxMsgs) {
+		bad("nats.max_msgs %d: give 0 (no cap) or at least %d; a smaller cap drops facts by count in a busy minute, before any snapshot covers them",
+			n.MaxMsgs, MinMaxMsgs)
+	}
 }
 
 // Secret resolves a value given inline or through an environment variable.

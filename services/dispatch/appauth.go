@@ -49,6 +49,24 @@ func (s skewProofSigner) Sign(claims jwt.Claims) (string, error) {
 // /app/installations/{id}/access_tokens at apiURL) with a skew-proof JWT
 // and refreshes them before they expire (ghinstallation).
 func AppTransport(app App, apiURL string, base http.RoundTripper, now func() time.Time) (http.RoundTripper, error) {
+	atr, err := appsTransport(app, apiURL, base, now)
+	if err != nil {
+		return nil, err
+	}
+	tr := ghinstallation.NewFromAppsTransport(atr, app.InstallationID)
+	tr.BaseURL = atr.BaseURL
+	return tr, nil
+}
+
+// AppJWTTransport returns an http.RoundTripper that authenticates as the App
+// itself, with the same skew-proof JWT: what the App's own endpoints need
+// (GET /app/hook/deliveries and its redeliveries), which refuse an
+// installation token.
+func AppJWTTransport(app App, apiURL string, base http.RoundTripper, now func() time.Time) (http.RoundTripper, error) {
+	return appsTransport(app, apiURL, base, now)
+}
+
+func appsTransport(app App, apiURL string, base http.RoundTripper, now func() time.Time) (*ghinstallation.AppsTransport, error) {
 	pem, err := os.ReadFile(app.PrivateKeyFile)
 	if err != nil {
 		return nil, fmt.Errorf("GitHub App private key: %w (download it from the App's settings page and set dispatcher.github.app.private_key_file)", err)
@@ -69,7 +87,5 @@ func AppTransport(app App, apiURL string, base http.RoundTripper, now func() tim
 		return nil, err
 	}
 	atr.BaseURL = strings.TrimSuffix(apiURL, "/")
-	tr := ghinstallation.NewFromAppsTransport(atr, app.InstallationID)
-	tr.BaseURL = atr.BaseURL
-	return tr, nil
+	return atr, nil
 }

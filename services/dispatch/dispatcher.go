@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/crashpoint"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/nats-io/nkeys"
 )
@@ -49,8 +50,12 @@ type Options struct {
 	// Reconcile, when Every > 0, polls GitHub for jobs whose webhooks went
 	// missing.
 	Reconcile Reconcile
-	Now       func() time.Time
-	Logger    *slog.Logger
+	// Redeliverer, when set (and Reconcile.Every > 0), makes each reconcile
+	// round also ask GitHub to redeliver failed workflow_job deliveries the
+	// log does not hold (config: dispatcher.reconcile_redeliver).
+	Redeliverer Redeliverer
+	Now         func() time.Time
+	Logger      *slog.Logger
 }
 
 // Dispatcher is the act shell around Decide: it folds the log, appends the
@@ -64,14 +69,19 @@ type Dispatcher struct {
 	curvePub string
 	metrics  *Metrics
 
-	fleet       *events.Fleet
-	pending     map[string]time.Time // event or mint ids in flight → when
-	lastCompact time.Time
-	warnedUntil time.Time
-	lastObserve time.Time
-	lastRecon   time.Time
-	busy        map[string]time.Time // attempts GitHub reported busy → leave alone until
-	wg          sync.WaitGroup
+	fleet        *events.Fleet
+	pending      map[string]time.Time // event or mint ids in flight → when
+	// round chains this Decide's own appends to a pool's ledger, one after
+	// the other (the plan already counts them); nil outside Decide.
+	round map[string]uint64
+	lastCompact  time.Time
+	warnedUntil  time.Time
+	lastObserve  time.Time
+	lastRecon    time.Time
+	busy         map[string]time.Time // attempts GitHub reported busy → leave alone until
+	redelivered  map[string]time.Time // delivery GUIDs asked for again → when
+	redelivering bool                 // a redelivery round is running
+	wg           sync.WaitGroup
 }
 
 // New builds a dispatcher. Its curve key seals JIT configs to agents.
@@ -97,7 +107,8 @@ func New(loop *eventlog.Loop, app *eventlog.Appender, m Minter, opts Options, me
 	}
 	pub, _ := kp.PublicKey()
 	return &Dispatcher{Loop: loop, log: app, minter: m, opts: opts, curve: kp, curvePub: pub,
-		metrics: metrics, fleet: events.NewFleet(), pending: map[string]time.Time{}, busy: map[string]time.Time{}}, nil
+		metrics: metrics, fleet: events.NewFleet(), pending: map[string]time.Time{}, busy: map[string]time.Time{},
+		redelivered: map[string]time.Time{}}, nil
 }
 
 // Run drives the dispatcher until ctx ends, then waits for its mints.
@@ -133,8 +144,13 @@ func (d *Dispatcher) inFlight(id string, now time.Time) bool {
 func (d *Dispatcher) Decide(ctx context.Context) {
 	now := d.opts.Now()
 	plan := Decide(d.fleet, d.opts.Params)
+	d.round = map[string]uint64{}
+	defer func() { d.round = nil }()
 	for _, r := range plan.Release {
-		d.appendPool(ctx, now, r, r.Pool)
+		crashpoint.Hit(crashpoint.DispatcherBeforeRelease)
+		if d.appendPool(ctx, now, r, r.Pool) == nil {
+			crashpoint.Hit(crashpoint.DispatcherAfterRelease)
+		}
 	}
 	for _, t := range plan.Teardown {
 		d.append(ctx, now, t, nil)
@@ -159,6 +175,8 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 		}
 		if err := d.appendPool(ctx, now, r, r.Pool); errors.Is(err, eventlog.ErrConflict) {
 			conflicted[r.Pool] = true // re-read the ledger, decide again
+		} else if err == nil {
+			crashpoint.Hit(crashpoint.DispatcherAfterReserve)
 		}
 	}
 	for _, a := range plan.Mint {
@@ -199,6 +217,11 @@ func (d *Dispatcher) housekeep(now time.Time) {
 			delete(d.busy, id)
 		}
 	}
+	for guid, at := range d.redelivered {
+		if now.Sub(at) >= redeliverAgainAfter {
+			delete(d.redelivered, guid)
+		}
+	}
 }
 
 func (d *Dispatcher) rateLimited(now time.Time) (bool, time.Time) {
@@ -209,12 +232,18 @@ func (d *Dispatcher) rateLimited(now time.Time) (bool, time.Time) {
 }
 
 // appendPool appends to a pool's ledger with optimistic concurrency: it
-// succeeds only if nobody else wrote to the ledger since the fold last saw it.
+// succeeds only if nobody, this dispatcher included, wrote to the ledger
+// since the fold last saw it. Within one Decide the plan's own appends chain
+// onto each other (the plan counted them); across rounds they do not: until
+// the fold has folded them back, a booking would rest on a fold that does
+// not count them, and the check is what stops it from over-booking.
 func (d *Dispatcher) appendPool(ctx context.Context, now time.Time, p events.Payload, pool string) error {
-	seq := d.fleet.Pools[pool]
 	var expect uint64
-	if seq != nil {
+	if seq := d.fleet.Pools[pool]; seq != nil {
 		expect = seq.LastSeq
+	}
+	if s, ok := d.round[pool]; ok {
+		expect = s
 	}
 	return d.append(ctx, now, p, &expect)
 }
@@ -232,11 +261,8 @@ func (d *Dispatcher) append(ctx context.Context, now time.Time, p events.Payload
 		return err
 	}
 	d.pending[ev.ID] = now
-	if expect != nil {
-		// Chain the next append to this pool's ledger onto this one.
-		if pl := d.fleet.Pools[poolOf(p)]; pl != nil && seq > pl.LastSeq {
-			pl.LastSeq = seq
-		}
+	if expect != nil && d.round != nil {
+		d.round[poolOf(p)] = seq // the next append of this round chains onto this one
 	}
 	d.opts.Logger.Debug("appended", "event", ev.ID, "type", ev.Type(), "seq", seq)
 	return nil
@@ -279,6 +305,20 @@ func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt)
 		runnerID, jit, err := d.minter.Mint(mctx, req)
 		d.metrics.mintSeconds.Observe(time.Since(start).Seconds())
 		if err != nil {
+			if RateLimited(err) && d.opts.Budget != nil {
+				// Hold no slot while GitHub says to wait (BL-12): give it
+				// back without counting a failed attempt; the job stays
+				// demand and is booked again once the budget allows calls.
+				logger.Warn("GitHub rate limit on the JIT config; the slot goes back and the job waits as demand", "err", err)
+				d.Loop.Post(ctx, func() {
+					if a := d.fleet.Attempts[ref.Attempt]; a == nil || !a.Held() || a.Placed {
+						return
+					}
+					d.appendPool(ctx, d.opts.Now(), events.SlotReleased{Pool: ref.Pool, Host: ref.Host, Attempt: ref.Attempt,
+						Reason: events.ReleaseRateLimited, JobID: jobID}, ref.Pool)
+				})
+				return
+			}
 			if MintRetryable(err) {
 				// Not a refusal: the slot stays booked and the mint is tried
 				// again; the provisioning deadline bounds the retries.
@@ -292,6 +332,7 @@ func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt)
 			})
 			return
 		}
+		crashpoint.Hit(crashpoint.DispatcherAfterMint)
 		sealed, err := d.curve.Seal([]byte(jit), sealTo)
 		if err != nil {
 			logger.Error("sealing JIT config failed", "err", err)
@@ -328,6 +369,7 @@ func (d *Dispatcher) reconcile(ctx context.Context, now time.Time) {
 		return
 	}
 	d.lastRecon = now
+	d.redeliver(ctx, now)
 	var jobs []events.Job // copies: the goroutine must not read the fold
 	for _, j := range ReconcileCandidates(d.fleet, now, r) {
 		jobs = append(jobs, *j)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -48,8 +49,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 
 func (m *Metrics) skipped(err error) {
 	reason := "malformed"
-	if errors.Is(err, events.ErrUnknownType) {
+	switch {
+	case errors.Is(err, events.ErrUnknownType):
 		reason = "unknown_type"
+	case errors.Is(err, eventlog.ErrPoison):
+		reason = "poison"
 	}
 	m.skippedTotal.WithLabelValues(reason).Inc()
 }

@@ -92,6 +92,27 @@ func isSecondary(err error) bool {
 	return errors.As(err, &er) && strings.Contains(strings.ToLower(er.Message), "rate limit")
 }
 
+// RateLimited reports whether a failed call was refused for rate: a typed
+// primary or secondary limit, a 429, or a 403 with remaining 0, Retry-After
+// or the secondary-limit message (the same reading as Observe's).
+func RateLimited(err error) bool {
+	if isSecondary(err) {
+		return true
+	}
+	var er *github.ErrorResponse
+	if !errors.As(err, &er) || er.Response == nil {
+		return false
+	}
+	h := er.Response.Header
+	switch er.Response.StatusCode {
+	case http.StatusTooManyRequests:
+		return true
+	case http.StatusForbidden:
+		return h.Get("Retry-After") != "" || h.Get("X-RateLimit-Remaining") == "0"
+	}
+	return false
+}
+
 // Blocked reports whether calls must wait, and until when.
 func (b *Budget) Blocked(now time.Time) (bool, time.Time) {
 	b.mu.Lock()

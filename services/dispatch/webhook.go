@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/crashpoint"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/google/go-github/v62/github"
 )
@@ -89,6 +90,7 @@ func (in *Intake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				"event log unavailable; redeliver this delivery from the GitHub UI or API")
 			return
 		}
+		crashpoint.Hit(crashpoint.DispatcherAfterIntake)
 		outcome := "stored"
 		if dup {
 			outcome = "duplicate"
@@ -101,10 +103,29 @@ func (in *Intake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (in *Intake) reply(w http.ResponseWriter, code int, event, action, outcome, msg string) {
-	in.Metrics.webhooks.WithLabelValues(event, action, outcome).Inc()
+	in.Metrics.webhooks.WithLabelValues(metricLabel(event, knownEvents), metricLabel(action, knownActions), outcome).Inc()
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(map[string]string{"outcome": outcome, "message": msg})
+}
+
+// The label values berth_webhooks_total takes from a delivery's headers and
+// payload. Anything else counts as "other": the headers come from whoever
+// calls, before the signature is checked, so passing them through would let
+// any caller grow the metric without bound or, with a value that is not
+// UTF-8, make the Prometheus client panic (found by FuzzWebhook).
+var (
+	knownEvents  = []string{"workflow_job", "workflow_run", "ping", "check_run", "check_suite", "installation", "installation_repositories"}
+	knownActions = []string{"", "queued", "waiting", "in_progress", "completed", "requested"}
+)
+
+func metricLabel(v string, known []string) string {
+	for _, k := range known {
+		if v == k {
+			return v
+		}
+	}
+	return "other"
 }
 
 // jobFact turns a workflow_job webhook into a fact, or nil for actions Berth

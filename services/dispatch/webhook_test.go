@@ -38,7 +38,7 @@ func sign(key, body []byte) string {
 
 // fixture reads ../shared/fixtures/github/webhooks/<name>, relative to the
 // folder that holds go.work.
-func fixture(t *testing.T, name string) []byte {
+func fixture(t testing.TB, name string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(repoRoot(t), "..", "shared", "fixtures", "github", "webhooks", name))
 	if err != nil {
@@ -48,7 +48,7 @@ func fixture(t *testing.T, name string) []byte {
 }
 
 // repoRoot is the folder that holds go.work.
-func repoRoot(t *testing.T) string {
+func repoRoot(t testing.TB) string {
 	t.Helper()
 	dir, err := os.Getwd()
 	if err != nil {
@@ -74,7 +74,7 @@ type intake struct {
 }
 
 // newIntake serves the handler over a real embedded JetStream.
-func newIntake(t *testing.T) *intake {
+func newIntake(t testing.TB) *intake {
 	t.Helper()
 	srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
 	if err != nil {
@@ -137,7 +137,7 @@ func (in *intake) post(t *testing.T, d delivery) reply {
 	return reply{w.Code, body.Outcome, body.Message}
 }
 
-func (in *intake) stream(t *testing.T, subject string) *jetstream.StreamInfo {
+func (in *intake) stream(t testing.TB, subject string) *jetstream.StreamInfo {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -176,7 +176,7 @@ func (in *intake) stored(t *testing.T, subject string) (uint64, events.Event) {
 	return n, ev
 }
 
-func (in *intake) total(t *testing.T) uint64 { return in.stream(t, events.SubjectAll).State.Msgs }
+func (in *intake) total(t testing.TB) uint64 { return in.stream(t, events.SubjectAll).State.Msgs }
 
 // jobOf reads the job id and labels from a workflow_job payload.
 func jobOf(t *testing.T, body []byte) (int64, []string) {

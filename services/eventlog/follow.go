@@ -13,12 +13,56 @@ import (
 
 // Delivered is one stored fact as a follower sees it. Pending is how many
 // more matching facts the server holds after it (0: caught up). Err is set,
-// with ErrMalformed or ErrUnknownType, when the message could not be decoded:
-// such messages are skipped and counted, never fatal.
+// with ErrMalformed or ErrUnknownType, when the message could not be decoded,
+// or with ErrPoison when reacting to it failed MaxDeliver times: such
+// messages are skipped and counted, never fatal.
 type Delivered struct {
 	Event   events.Event
 	Pending uint64
 	Err     error
+	// Deliveries is how often the server has delivered this message through
+	// a durable consumer (1 the first time); 0 from an ordered follower.
+	Deliveries uint64
+	// MaxDeliver is the consumer's limit on Deliveries (0: no redelivery).
+	MaxDeliver uint64
+
+	msg   jetstream.Msg
+	track *unacked
+}
+
+// ErrPoison marks a fact whose reaction panicked on every delivery: it is
+// parked (see ParkBucket) and the fold skips it.
+var ErrPoison = errors.New("poison event: the reaction failed on every delivery")
+
+// ack tells the server the fact is folded and reacted to.
+func (d Delivered) ack() {
+	if d.msg != nil {
+		_ = d.msg.Ack()
+		d.track.settled(d.Event.Seq)
+	}
+}
+
+// retry asks for a redelivery after delay.
+func (d Delivered) retry(delay time.Duration) {
+	if d.msg != nil {
+		_ = d.msg.NakWithDelay(delay)
+		d.track.settled(d.Event.Seq)
+	}
+}
+
+// working resets the server's AckWait while a long reaction runs.
+func (d Delivered) working() {
+	if d.msg != nil {
+		_ = d.msg.InProgress()
+	}
+}
+
+// drop tells the server never to deliver the fact again.
+func (d Delivered) drop(reason string) {
+	if d.msg != nil {
+		_ = d.msg.TermWithReason(reason)
+		d.track.settled(d.Event.Seq)
+	}
 }
 
 // Follow reads the log in order from startSeq (1 or 0: the beginning) with
@@ -116,9 +160,7 @@ func ReplayTo(ctx context.Context, js jetstream.JetStream, upto uint64, until ti
 				<-errc
 				return f, nil
 			}
-			if d.Err == nil {
-				f.Apply(d.Event)
-			} else {
+			if d.Err != nil || foldSafely(f, d.Event) != nil {
 				f.Skip(d.Event.Seq, d.Event.Subject)
 			}
 			if progress != nil && d.Event.Seq%10000 == 0 {
@@ -133,4 +175,16 @@ func ReplayTo(ctx context.Context, js jetstream.JetStream, upto uint64, until ti
 			return f, fmt.Errorf("replay stopped at seq %d of %d: %w", f.LastSeq, last, err)
 		}
 	}
+}
+
+// foldSafely applies e and turns a panic into an error, so one poison fact
+// cannot stop a replay: it is skipped like an undecodable one.
+func foldSafely(f *events.Fleet, e events.Event) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%w: %v", ErrPoison, p)
+		}
+	}()
+	f.Apply(e)
+	return nil
 }

@@ -2,11 +2,14 @@ package eventlog
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/berth-ci/berth/events"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -47,12 +50,22 @@ type Loop struct {
 	// SnapshotEvery (0: 1 min) while caught up.
 	SnapshotKey   string
 	SnapshotEvery time.Duration
+	// Replicas replicates the snapshot and parking buckets like the log
+	// (nats.replicas), so losing one node loses no snapshot; 0 means 1.
+	Replicas int
+	// Consumer, when set, reads through a durable consumer with explicit
+	// acks (services); nil reads with an ordered consumer (tools, tests).
+	Consumer *Consumer
 
-	inbox    chan func()
-	once     sync.Once
-	caughtUp atomic.Bool
-	lastSeq  atomic.Uint64
-	progress atomic.Int64 // unix nanos of the loop's last turn
+	follower  atomic.Pointer[follower]
+	panics    atomic.Uint64
+	truncated atomic.Pointer[string]
+	parked    atomic.Uint64
+	inbox     chan func()
+	once      sync.Once
+	caughtUp  atomic.Bool
+	lastSeq   atomic.Uint64
+	progress  atomic.Int64 // unix nanos of the loop's last turn
 }
 
 func (l *Loop) init() { l.once.Do(func() { l.inbox = make(chan func(), 1024) }) }
@@ -87,9 +100,24 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	snap := l.restore(ctx, r)
+	if err := CheckCovers(ctx, l.JS, snap.seq); errors.Is(err, ErrTruncated) {
+		// Not fatal: what expired is older than any job the fold still
+		// keeps (config validation ties max_age to the retention), but a
+		// host that announced itself before then is unknown until it
+		// announces again. Health shows it so an operator restarts agents.
+		msg := err.Error() + "; restart the vmagents so hosts announce themselves again, and keep snapshots (berth_snapshots) to avoid this"
+		l.truncated.Store(&msg)
+		slog.Error("starting from a truncated log", "reader", l.reader(), "err", msg)
+	}
 	ch := make(chan Delivered, 1024)
 	errc := make(chan error, 1)
-	go func() { errc <- Follow(ctx, l.JS, l.Filters, snap.seq+1, ch) }()
+	if l.Consumer != nil {
+		f := newFollower(l.JS, *l.Consumer, l.Filters)
+		l.follower.Store(f)
+		go func() { errc <- f.run(ctx, snap.seq+1, ch) }()
+	} else {
+		go func() { errc <- Follow(ctx, l.JS, l.Filters, snap.seq+1, ch) }()
+	}
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	l.progress.Store(time.Now().UnixNano())
@@ -100,6 +128,7 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 		r.Decide(ctx) // nothing will arrive to trigger it before the first tick
 	}
 	quiet := 0
+	var batch []Delivered // applied, not yet acked
 	for {
 		decide := false
 		select {
@@ -124,20 +153,12 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 			}
 			l.save(ctx, snap)
 		case d := <-ch:
-			r.Apply(d)
-			l.lastSeq.Store(d.Event.Seq)
-			if d.Pending == 0 {
-				l.caughtUp.Store(true)
-			}
+			batch = l.apply(ctx, r, d, batch)
 			// Drain what is already buffered so Decide sees a batch.
 			for drained := false; !drained; {
 				select {
 				case d := <-ch:
-					r.Apply(d)
-					l.lastSeq.Store(d.Event.Seq)
-					if d.Pending == 0 {
-						l.caughtUp.Store(true)
-					}
+					batch = l.apply(ctx, r, d, batch)
 				default:
 					drained = true
 				}
@@ -145,10 +166,105 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 			decide = true
 		}
 		if decide && l.caughtUp.Load() {
-			r.Decide(ctx)
+			l.decide(ctx, r, batch)
 		}
+		// Ack only now: the batch is folded and, once caught up, Decide
+		// has stored the reaction's own facts (its appends are synchronous).
+		for _, d := range batch {
+			d.ack()
+		}
+		batch = batch[:0]
 		l.progress.Store(time.Now().UnixNano())
 	}
+}
+
+// apply folds one delivery and adds it to the batch to ack. A reaction that
+// panics is retried through a redelivery; at the consumer's MaxDeliver it is
+// parked and skipped, so one poison fact never stalls the rest.
+func (l *Loop) apply(ctx context.Context, r Reactor, d Delivered, batch []Delivered) []Delivered {
+	if err := applySafely(r, d); err != nil {
+		l.panics.Add(1)
+		if d.msg != nil && d.Deliveries < d.MaxDeliver {
+			slog.Error("reacting to an event failed; it will be delivered again", "seq", d.Event.Seq,
+				"subject", d.Event.Subject, "delivery", d.Deliveries, "of", d.MaxDeliver, "err", err)
+			d.retry(time.Duration(d.Deliveries) * 250 * time.Millisecond)
+			return batch
+		}
+		l.park(ctx, d, err)
+		skip := Delivered{Event: events.Event{Seq: d.Event.Seq, Subject: d.Event.Subject, ID: d.Event.ID},
+			Err: fmt.Errorf("%w: %v", ErrPoison, err)}
+		_ = applySafely(r, skip) // moves the fold past it (a pool ledger's sequence too)
+		d.drop("berth: parked as poison")
+		l.parked.Add(1)
+	} else {
+		batch = append(batch, d)
+	}
+	l.lastSeq.Store(max(l.lastSeq.Load(), d.Event.Seq))
+	if d.Pending == 0 {
+		l.caughtUp.Store(true)
+	}
+	return batch
+}
+
+// decide runs Decide; while it runs longer than a third of AckWait, the
+// batch it reacts to is kept from redelivery with in-progress acks.
+func (l *Loop) decide(ctx context.Context, r Reactor, batch []Delivered) {
+	if l.Consumer == nil || len(batch) == 0 {
+		r.Decide(ctx)
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(l.follower.Load().cfg.AckWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				for _, d := range batch {
+					d.working()
+				}
+			}
+		}
+	}()
+	defer close(done)
+	r.Decide(ctx)
+}
+
+func applySafely(r Reactor, d Delivered) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic: %v", p)
+		}
+	}()
+	r.Apply(d)
+	return nil
+}
+
+// Truncated says, when not empty, that the loop started on a log whose
+// oldest facts had expired before its snapshot covered them, and what to do.
+func (l *Loop) Truncated() string {
+	if p := l.truncated.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// LoopStats are a loop's counters since it started.
+type LoopStats struct {
+	FollowerStats
+	Panics uint64 // deliveries whose Apply panicked
+	Parked uint64 // facts parked as poison after MaxDeliver deliveries
+}
+
+// Stats reads the loop's counters; safe from any goroutine once Run started.
+func (l *Loop) Stats() LoopStats {
+	s := LoopStats{Panics: l.panics.Load(), Parked: l.parked.Load()}
+	if f := l.follower.Load(); f != nil {
+		s.FollowerStats = f.Stats()
+	}
+	return s
 }
 
 // snapState is the loop's snapshot bookkeeping.
@@ -170,7 +286,8 @@ func (l *Loop) restore(ctx context.Context, r Reactor) *snapState {
 	kctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	kv, err := l.JS.CreateOrUpdateKeyValue(kctx, jetstream.KeyValueConfig{Bucket: SnapshotBucket,
-		Description: "fold snapshots of Berth services (a shortcut: delete to force a full replay)", History: 1})
+		Description: "fold snapshots of Berth services (a shortcut: delete to force a full replay)", History: 1,
+		Replicas: max(l.Replicas, 1)})
 	if err != nil {
 		slog.Warn("snapshot bucket unavailable; replaying the whole log", "err", err)
 		return st

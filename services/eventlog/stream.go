@@ -12,9 +12,20 @@ import (
 )
 
 // StreamConfig is what Berth asks of its one stream.
+//
+// MaxAge, MaxBytes and MaxMsgs bound the log under limits retention: the
+// server drops the oldest facts once any limit is passed (0: no limit).
+// Services come back right after a restart only while their snapshots in
+// SnapshotBucket cover what was dropped, which is why config validates the
+// limits against the snapshot interval and the watchdog's deadlines.
 type StreamConfig struct {
-	Replicas        int           // 1 for one server, 3 on a cluster
-	DuplicateWindow time.Duration // how long the server remembers Nats-Msg-Id; 0 means 2m
+	Replicas int // 1 for one server, 3 on a cluster
+	// DuplicateWindow is how long the server remembers Nats-Msg-Id; 0 means
+	// 2m, or MaxAge when that is shorter. It may not exceed MaxAge.
+	DuplicateWindow time.Duration
+	MaxAge          time.Duration // facts older than this are dropped; NATS accepts >= 100ms
+	MaxBytes        int64         // the stream's size in bytes at most
+	MaxMsgs         int64         // the number of facts at most
 }
 
 // Connect dials NATS with reconnects forever, so a restarting server is
@@ -38,15 +49,35 @@ func Connect(url, name string, opts ...nats.Option) (*nats.Conn, jetstream.JetSt
 // yet (compose, systemd) instead of failing.
 var WaitForServer = nats.RetryOnFailedConnect(true)
 
-// EnsureStream creates BERTH_EVENTS or updates it to cfg; it is safe to call
-// from every service at every start. The log is immutable: delete and purge
-// are denied, storage is on file.
+// EnsureStream creates BERTH_EVENTS or updates an existing one in place to
+// cfg (limits included: lowering one drops the oldest facts at once); it is
+// safe to call from every service at every start. No fact is ever deleted or
+// purged by hand (both are denied); only the retention limits drop the
+// oldest ones. Storage is on file.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (jetstream.Stream, error) {
 	if cfg.Replicas == 0 {
 		cfg.Replicas = 1
 	}
+	if cfg.MaxAge < 0 || cfg.MaxBytes < 0 || cfg.MaxMsgs < 0 {
+		return nil, fmt.Errorf("stream %s: negative limit (max age %v, max bytes %d, max msgs %d): use 0 for no limit",
+			events.StreamName, cfg.MaxAge, cfg.MaxBytes, cfg.MaxMsgs)
+	}
 	if cfg.DuplicateWindow == 0 {
 		cfg.DuplicateWindow = 2 * time.Minute
+		if cfg.MaxAge != 0 && cfg.MaxAge < cfg.DuplicateWindow {
+			cfg.DuplicateWindow = cfg.MaxAge
+		}
+	}
+	if cfg.MaxAge != 0 && cfg.DuplicateWindow > cfg.MaxAge {
+		return nil, fmt.Errorf("stream %s: duplicate window %v exceeds max age %v: a fact cannot be deduplicated after it expired; shorten the window",
+			events.StreamName, cfg.DuplicateWindow, cfg.MaxAge)
+	}
+	// The server counts -1 as "no limit" for messages and bytes.
+	unlimited := func(v int64) int64 {
+		if v == 0 {
+			return -1
+		}
+		return v
 	}
 	sc := jetstream.StreamConfig{
 		Name:        events.StreamName,
@@ -60,6 +91,9 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		AllowDirect: true,
 		Retention:   jetstream.LimitsPolicy,
 		Discard:     jetstream.DiscardOld,
+		MaxAge:      cfg.MaxAge,
+		MaxBytes:    unlimited(cfg.MaxBytes),
+		MaxMsgs:     unlimited(cfg.MaxMsgs),
 	}
 	s, err := js.CreateOrUpdateStream(ctx, sc)
 	if err != nil {
@@ -86,6 +120,16 @@ type Appender struct {
 // nil the append succeeds only if the last sequence on the fact's subject is
 // *expectSeq (0: the subject is empty); otherwise it returns ErrConflict.
 // It returns the stream sequence and whether the server saw a duplicate.
+//
+// A subject whose facts have all expired under the stream's limits reads as
+// empty to the server, while the caller's fold still knows the sequence of
+// its last fact: the check would fail on every try, for ever. So on a
+// conflict Append asks the server once: when the subject now holds nothing
+// and *expectSeq is below the stream's first sequence (what the caller saw
+// last has expired, and nothing written after it survives), it appends again
+// expecting the subject empty, which is still atomic against any other
+// writer. This assumes the caller's fold is not behind the stream's first
+// sequence (config keeps the retention far longer than any service's lag).
 func (a *Appender) Append(ctx context.Context, ev events.Event, expectSeq *uint64) (uint64, bool, error) {
 	body, err := events.Marshal(ev)
 	if err != nil {
@@ -104,15 +148,42 @@ func (a *Appender) Append(ctx context.Context, ev events.Event, expectSeq *uint6
 	msg := &nats.Msg{Subject: ev.Subject, Data: body, Header: nats.Header{}}
 	msg.Header.Set("Ce-Type", ev.Type())
 	ack, err := a.JS.PublishMsg(ctx, msg, opts...)
+	if expectSeq != nil && *expectSeq != 0 && wrongLastSeq(err) {
+		if expired, xerr := subjectExpired(ctx, a.JS, ev.Subject, *expectSeq); xerr == nil && expired {
+			opts[len(opts)-1] = jetstream.WithExpectLastSequencePerSubject(0)
+			ack, err = a.JS.PublishMsg(ctx, msg, opts...)
+		}
+	}
 	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		if wrongLastSeq(err) {
 			return 0, false, fmt.Errorf("%w: %s on %s", ErrConflict, ev.ID, ev.Subject)
 		}
 		return 0, false, fmt.Errorf("append %s to %s: %w", ev.ID, ev.Subject, err)
 	}
 	return ack.Sequence, ack.Duplicate, nil
+}
+
+// wrongLastSeq reports whether err is the server refusing an expected
+// last sequence.
+func wrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// subjectExpired reports whether subject holds no fact any more and seq (the
+// last one a caller saw on it) lies before the stream's first sequence: the
+// subject's history expired under the retention limits rather than moved.
+func subjectExpired(ctx context.Context, js jetstream.JetStream, subject string, seq uint64) (bool, error) {
+	s, err := js.Stream(ctx, events.StreamName) // reads the stream's state: its first sequence
+	if err != nil {
+		return false, err
+	}
+	first := s.CachedInfo().State.FirstSeq
+	if _, err := s.GetLastMsgForSubject(ctx, subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, err // a fact is there (err nil): a real conflict
+	}
+	return seq < first, nil
 }
 
 // New stamps a payload as a fact from this appender's source.

@@ -10,8 +10,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/berth-ci/berth/events"
@@ -146,10 +150,13 @@ func ensure(ctx context.Context, cfg *config.Config) error {
 	return ensureStream(ctx, cfg, js)
 }
 
-// ensureStream creates the stream if needed; every service does it at
-// start, so any of them can come up first.
+// ensureStream creates the stream if needed, or updates its replicas and
+// retention limits to the config; every service does it at start, so any of
+// them can come up first.
 func ensureStream(ctx context.Context, cfg *config.Config, js jetstream.JetStream) error {
-	_, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{Replicas: cfg.NATS.Replicas, DuplicateWindow: cfg.NATS.DuplicateWindow})
+	n := cfg.NATS
+	_, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{Replicas: n.Replicas, DuplicateWindow: n.DuplicateWindow,
+		MaxAge: n.StreamMaxAge(), MaxBytes: int64(n.MaxBytes), MaxMsgs: n.MaxMsgs})
 	return err
 }
 
@@ -159,12 +166,27 @@ func connect(ctx context.Context, cfg *config.Config, name string) (*nats.Conn, 
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := ensureStream(ctx, cfg, js); err != nil {
+	// A cluster that is still electing its meta leader answers stream
+	// requests with timeouts for a few seconds: wait for it rather than
+	// exit and rely on a restart policy.
+	err = ensureStream(ctx, cfg, js)
+	for deadline := time.Now().Add(streamWait); err != nil && time.Now().Before(deadline) && ctx.Err() == nil; {
+		slog.Warn("JetStream not ready yet; retrying", "service", name, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+		err = ensureStream(ctx, cfg, js)
+	}
+	if err != nil {
 		nc.Close()
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("%w (waited %s: is JetStream enabled, and on a cluster do enough nodes run for nats.replicas?)", err, streamWait)
 	}
 	return nc, js, nil
 }
+
+// streamWait is how long a starting service waits for JetStream.
+const streamWait = 30 * time.Second
 
 func registry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
@@ -190,12 +212,59 @@ func serve(ctx context.Context, s *System, name, addr string, h http.Handler) (s
 	}
 }
 
+// consumer is the durable consumer a service instance reads the log with:
+// berth-<service>-<instance>-<nonce>. The instance is BERTH_INSTANCE when
+// set, else the host name, so `nats consumer ls BERTH_EVENTS` tells who
+// reads; the nonce is new for every consumer this process opens, so two
+// replicas never share one (they would split the log between them) however
+// they are named. A restart opens a new one anyway (the loop starts from its
+// snapshot); a killed process's consumer goes after its InactiveThreshold.
+func consumer(service string) *eventlog.Consumer {
+	inst := os.Getenv("BERTH_INSTANCE")
+	if inst == "" {
+		inst, _ = os.Hostname()
+	}
+	nonce := strconv.FormatUint(uint64(time.Now().UnixNano())^uint64(os.Getpid())<<20+consumerSeq.Add(1), 36)
+	return &eventlog.Consumer{Name: "berth-" + service + "-" + consumerSafe(inst) + "-" + nonce}
+}
+
+var consumerSeq atomic.Uint64
+
+// consumerSafe keeps what a JetStream consumer name may hold.
+func consumerSafe(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_':
+			return r
+		}
+		return '_'
+	}, s)
+}
+
+// loopMetrics exports a loop's consumer counters.
+func loopMetrics(reg *prometheus.Registry, l *eventlog.Loop) {
+	counter := func(name, help string, read func(eventlog.LoopStats) uint64) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+			func() float64 { return float64(read(l.Stats())) }))
+	}
+	counter("berth_log_redelivered_total", "Log messages the server delivered again (not acked within AckWait, or retried after a failed reaction).",
+		func(s eventlog.LoopStats) uint64 { return s.Redelivered })
+	counter("berth_log_consumer_recreated_total", "Times the durable consumer was found stalled or gone and recreated.",
+		func(s eventlog.LoopStats) uint64 { return s.Recreated })
+	counter("berth_log_reaction_panics_total", "Deliveries whose fold or reaction panicked (each is retried up to MaxDeliver).",
+		func(s eventlog.LoopStats) uint64 { return s.Panics })
+	counter("berth_log_parked_total", "Poison facts parked in the berth_parked KV bucket and skipped by the fold.",
+		func(s eventlog.LoopStats) uint64 { return s.Parked })
+}
+
 // loopHealthy is the shared liveness rule: caught up with the log, and the
 // loop turned within the last few ticks (a wedged loop is unhealthy).
 func loopHealthy(l *eventlog.Loop) (bool, map[string]any) {
 	stale := time.Since(l.LastProgress())
 	ok := l.CaughtUp() && stale < 10*time.Second
-	return ok, map[string]any{"caught_up": l.CaughtUp(), "last_seq": l.LastSeq(), "loop_idle_seconds": stale.Seconds()}
+	st := l.Stats()
+	return ok, map[string]any{"caught_up": l.CaughtUp(), "last_seq": l.LastSeq(), "loop_idle_seconds": stale.Seconds(),
+		"parked_events": st.Parked, "consumer_recreated": st.Recreated, "log_truncated": l.Truncated()}
 }
 
 // statusHandler serves the live projection's status (GET /status), the
@@ -241,14 +310,20 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	budget := &dispatch.Budget{}
 	minter := &dispatch.GitHubMinter{Client: gh, Scope: dc.GitHub.Scope, Org: dc.GitHub.Org, RunnerGroupID: dc.GitHub.RunnerGroupID,
 		Budget: budget}
+	redeliverer, err := redelivererFor(dc, minter)
+	if err != nil {
+		nc.Close()
+		return nil, "", err
+	}
 	reg := registry()
 	metrics := dispatch.NewMetrics(reg)
 	app := &eventlog.Appender{JS: js, Source: "berth/dispatcher"}
 	d, err := dispatch.New(&eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 500 * time.Millisecond,
-		SnapshotKey: "dispatcher"}, app, minter,
+		SnapshotKey: "dispatcher", Consumer: consumer("dispatcher"), Replicas: cfg.NATS.Replicas}, app, minter,
 		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts}, MintTimeout: dc.MintTimeout,
 			Retention: cfg.Watchdog.Retention, Budget: budget, Logger: logger,
-			Reconcile: dispatch.Reconcile{After: dc.ReconcileAfter, Every: dc.ReconcileEvery, Limit: dc.ReconcileLimit}}, metrics)
+			Reconcile:   dispatch.Reconcile{After: dc.ReconcileAfter, Every: dc.ReconcileEvery, Limit: dc.ReconcileLimit},
+			Redeliverer: redeliverer}, metrics)
 	if err != nil {
 		nc.Close()
 		return nil, "", err
@@ -258,6 +333,7 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 		nc.Close()
 		return nil, "", fmt.Errorf("dispatcher: no webhook secret: set dispatcher.webhook_secret or webhook_secret_env (GitHub signs every delivery with it)")
 	}
+	loopMetrics(reg, d.Loop)
 	mux := httpx.Mux(reg, func() (bool, any) { return loopHealthy(d.Loop) })
 	mux.HandleFunc("GET /status", statusHandler(func(ctx context.Context, fn func(*events.Fleet)) error { return d.Snapshot(ctx, fn) }))
 	mux.Handle("POST /webhook", &dispatch.Intake{Secret: []byte(secret), Log: app, Now: time.Now, Logger: logger, Metrics: metrics})
@@ -272,6 +348,32 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	})
 	logger.Info("dispatcher listening", "addr", addr, "github", dc.GitHub.APIURL)
 	return d, addr, nil
+}
+
+// redelivererFor is the hook-deliveries client of
+// dispatcher.reconcile_redeliver, nil when it is off: the App's own webhook
+// (called with the App's JWT), or the organization or repository webhook
+// github.hook_id names (called like every other API call).
+func redelivererFor(dc config.Dispatcher, m *dispatch.GitHubMinter) (dispatch.Redeliverer, error) {
+	if !dc.ReconcileRedeliver {
+		return nil, nil
+	}
+	g := dc.GitHub
+	r := &dispatch.GitHubRedeliverer{Client: m.Client, Org: g.Org, HookID: g.HookID, Budget: m.Budget}
+	if owner, repo, ok := strings.Cut(g.HookRepo, "/"); ok {
+		r.Org, r.Repo = owner, repo
+	}
+	if g.HookID == 0 {
+		tr, err := dispatch.AppJWTTransport(dispatch.App{ID: g.App.ID, InstallationID: g.App.InstallationID, PrivateKeyFile: g.App.PrivateKeyFile},
+			g.APIURL, nil, nil)
+		if err != nil {
+			return nil, err
+		}
+		if r.Client, err = dispatch.NewGitHubClient(g.APIURL, "", &http.Client{Transport: tr}); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
 }
 
 // Watchdog starts the watchdog and its HTTP endpoints.
@@ -289,9 +391,13 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 		AbandonedCap: wc.AbandonedCap,
 	}, time.Now, logger)
 	w.Retention = wc.Retention
+	w.HeartbeatReplicas = cfg.NATS.Replicas
 	w.Loop.SnapshotKey = "watchdog"
+	w.Loop.Consumer = consumer("watchdog")
+	w.Loop.Replicas = cfg.NATS.Replicas
 	reg := registry()
 	w.Metrics = watchdog.NewMetrics(reg)
+	loopMetrics(reg, w.Loop)
 	mux := httpx.Mux(reg, func() (bool, any) {
 		ok, detail := loopHealthy(w.Loop)
 		h := w.Health()
@@ -341,7 +447,7 @@ func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Age
 	dataDir := filepath.Join(cfg.DataDir, "agents", ac.Host)
 	a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/" + ac.Host}, be, vmagent.Options{
 		Host: ac.Host, Pools: pools, PhysicalCap: ac.PhysicalCap, DataDir: dataDir,
-		CreateTimeout: ac.Backend.Exec.CreateTimeout, StopTimeout: ac.Backend.Exec.StopTimeout, RetryBase: ac.Backend.Exec.RetryBase, Heartbeat: ac.Heartbeat, ShutdownTimeout: ac.ShutdownTimeout,
+		CreateTimeout: ac.Backend.Exec.CreateTimeout, StopTimeout: ac.Backend.Exec.StopTimeout, RetryBase: ac.Backend.Exec.RetryBase, Heartbeat: ac.Heartbeat, HeartbeatReplicas: cfg.NATS.Replicas, ShutdownTimeout: ac.ShutdownTimeout,
 		InventoryEvery: ac.InventoryEvery, OrphanGrace: ac.OrphanGrace, Logger: logger,
 	})
 	if err != nil {
@@ -352,7 +458,11 @@ func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Age
 	if listen == "" {
 		listen = "127.0.0.1:0"
 	}
-	addr, err := serve(ctx, s, "agent "+ac.Host, listen, httpx.Mux(registry(), func() (bool, any) { return loopHealthy(a.Loop) }))
+	a.Loop.Consumer = consumer("agent-" + consumerSafe(ac.Host))
+	a.Loop.Replicas = cfg.NATS.Replicas
+	reg := registry()
+	loopMetrics(reg, a.Loop)
+	addr, err := serve(ctx, s, "agent "+ac.Host, listen, httpx.Mux(reg, func() (bool, any) { return loopHealthy(a.Loop) }))
 	if err != nil {
 		nc.Close()
 		return "", err

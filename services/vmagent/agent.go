@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/crashpoint"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/vmagent/backend"
 	"github.com/nats-io/nats.go/jetstream"
@@ -44,6 +45,10 @@ type Options struct {
 	CreateTimeout time.Duration
 	StopTimeout   time.Duration
 	Heartbeat     time.Duration
+	// HeartbeatReplicas replicates the heartbeat bucket like the log
+	// (nats.replicas): on one replica, losing the NATS node that holds it
+	// silences every host at once. 0 means 1.
+	HeartbeatReplicas int
 	// ShutdownTimeout is how long a drain (SIGTERM) lets running jobs
 	// finish before their VMs are stopped; 0 stops at once without a drain.
 	ShutdownTimeout time.Duration
@@ -135,8 +140,19 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.announce(ctx); err != nil {
 		return fmt.Errorf("announce host %s: %w", a.opts.Host, err)
 	}
-	kv, err := a.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: HeartbeatBucket,
-		Description: "vmagent heartbeats (key: host)", History: 1})
+	hb := jetstream.KeyValueConfig{Bucket: HeartbeatBucket,
+		Description: "vmagent heartbeats (key: host)", History: 1, Replicas: a.opts.HeartbeatReplicas}
+	kv, err := a.js.CreateOrUpdateKeyValue(ctx, hb)
+	for try := 1; err != nil && try < 5 && ctx.Err() == nil; try++ {
+		// Services starting together on a fresh cluster race to create the
+		// replicated bucket; the losers' requests can time out. Try again.
+		a.opts.Logger.Warn("heartbeat bucket not ready; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+		kv, err = a.js.CreateOrUpdateKeyValue(ctx, hb)
+	}
 	if err != nil {
 		return fmt.Errorf("heartbeat bucket: %w", err)
 	}
@@ -347,6 +363,7 @@ func (a *Agent) startCreate(ctx context.Context, at *events.Attempt) {
 	if err := a.append(ctx, events.AttemptProvisioning{AttemptRef: r}); err != nil {
 		return
 	}
+	crashpoint.Hit(crashpoint.AgentAfterProvisioning)
 	vm, sealed, sealedBy := a.vm(at), at.SealedJIT, at.SealedBy
 	a.creating[at.ID] = true
 	logger := a.opts.Logger.With("attempt", at.ID, "pool", at.Pool, "job", at.JobID)
@@ -368,6 +385,7 @@ func (a *Agent) startCreate(ctx context.Context, at *events.Attempt) {
 		}
 		start := time.Now()
 		err = a.step(ctx, a.opts.CreateTimeout, func(c context.Context) error { return a.backend.Create(c, vm) })
+		crashpoint.Hit(crashpoint.AgentAfterCreate)
 		var result events.Payload = events.AttemptRunnerStarted{AttemptRef: r, Took: time.Since(start)}
 		switch {
 		case ctx.Err() != nil:
@@ -399,6 +417,7 @@ func (a *Agent) startStop(ctx context.Context, at *events.Attempt) {
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
+		crashpoint.Hit(crashpoint.AgentBeforeStop)
 		err, late := a.stepLate(ctx, a.opts.StopTimeout, func(c context.Context) error { return a.backend.Stop(c, vm) })
 		if late != nil {
 			go a.awaitLateStop(ctx, r, vm, late, logger)
@@ -406,6 +425,7 @@ func (a *Agent) startStop(ctx context.Context, at *events.Attempt) {
 		if err == nil {
 			_ = os.RemoveAll(vm.WorkDir) // here, not on the loop
 		}
+		crashpoint.Hit(crashpoint.AgentAfterStop)
 		a.Loop.Post(ctx, func() {
 			delete(a.stopping, r.Attempt)
 			switch {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/crashpoint"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -30,6 +31,9 @@ type Watchdog struct {
 	Retention time.Duration
 	// Metrics, when set, receives the fleet gauges after every decision.
 	Metrics *Metrics
+	// HeartbeatReplicas replicates the heartbeat bucket like the log
+	// (nats.replicas), as the agents create it. 0 means 1.
+	HeartbeatReplicas int
 
 	fleet       *events.Fleet
 	heartbeats  map[string]time.Time
@@ -83,10 +87,21 @@ func New(js jetstream.JetStream, app *eventlog.Appender, p Params, now func() ti
 // Run drives the watchdog until ctx ends.
 func (w *Watchdog) Run(ctx context.Context) error {
 	defer w.wg.Wait()
-	kv, err := w.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: HeartbeatBucket,
-		Description: "vmagent heartbeats (key: host)", History: 1})
+	hb := jetstream.KeyValueConfig{Bucket: HeartbeatBucket,
+		Description: "vmagent heartbeats (key: host)", History: 1, Replicas: w.HeartbeatReplicas}
+	kv, err := w.js.CreateOrUpdateKeyValue(ctx, hb)
+	for try := 1; err != nil && try < 5 && ctx.Err() == nil; try++ {
+		// Services starting together on a fresh cluster race to create the
+		// replicated bucket; the losers' requests can time out. Try again.
+		w.logger.Warn("heartbeat bucket not ready; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+		kv, err = w.js.CreateOrUpdateKeyValue(ctx, hb)
+	}
 	if err != nil {
-		return err
+		return fmt.Errorf("heartbeat bucket: %w", err)
 	}
 	// Load every heartbeat before the first decision: an empty map would
 	// read as "no host ever beat" and lose the whole fleet on a watchdog
@@ -172,6 +187,7 @@ func (w *Watchdog) Decide(ctx context.Context) {
 		if conflicted[r.Pool] {
 			continue
 		}
+		crashpoint.Hit(crashpoint.WatchdogBeforeRelease)
 		w.logger.Warn("releasing slot", "attempt", r.Attempt, "pool", r.Pool, "host", r.Host, "reason", r.Reason)
 		var expect uint64
 		if p := w.fleet.Pools[r.Pool]; p != nil {
@@ -179,6 +195,8 @@ func (w *Watchdog) Decide(ctx context.Context) {
 		}
 		if err := w.append(ctx, now, "", r, &expect); errors.Is(err, eventlog.ErrConflict) {
 			conflicted[r.Pool] = true
+		} else if err == nil {
+			crashpoint.Hit(crashpoint.WatchdogAfterRelease)
 		}
 	}
 	for _, p := range plan.Teardown {

@@ -2,8 +2,12 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"sort"
+	"strconv"
 	"testing"
 	"time"
 
@@ -14,15 +18,16 @@ import (
 )
 
 // Given three dispatcher replicas folding the same log (webhooks reach one;
-// all of them decide), when a burst of jobs arrives, then per-pool
+// all of them decide), when 1,000 jobs arrive at once, then per-pool
 // optimistic concurrency and deterministic attempt ids keep them from
 // over-booking: held never exceeds capacity, every reservation is stored
 // once, every job is served exactly once, and nothing is left held.
 func TestThreeDispatchersNeverOverbook(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	o := demoOptions(t, 120)
-	o.Arrival = time.Second
+	o := demoOptions(t, jobsFromEnv(1000))
+	o.Arrival = time.Second // all 1,000 webhooks within one second
+	o.Timeout = 5 * time.Minute
 	f, err := harness.Start(ctx, o)
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +47,11 @@ func TestThreeDispatchersNeverOverbook(t *testing.T) {
 		f.Stop()
 		t.Fatal(err)
 	}
-	reservations, releases := countSlotFacts(t, ctx, f.Sys.NATSURL)
+	reservations, releases, peak, peakAt := countSlotFacts(t, ctx, f.Sys.NATSURL)
+	st, err := f.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := f.Stop(); err != nil {
 		t.Errorf("shutdown: %v", err)
 	}
@@ -51,6 +60,11 @@ func TestThreeDispatchersNeverOverbook(t *testing.T) {
 	}
 	if len(rep.Violations) != 0 {
 		t.Errorf("invariants: %v", rep.Violations)
+	}
+	for _, p := range st.Pools {
+		if peak[p.Name] > p.Capacity || peak[p.Name] == 0 {
+			t.Errorf("pool %s held %d slots at once (%s), capacity %d", p.Name, peak[p.Name], peakAt[p.Name], p.Capacity)
+		}
 	}
 	for a, n := range reservations {
 		if n != 1 {
@@ -66,8 +80,9 @@ func TestThreeDispatchersNeverOverbook(t *testing.T) {
 }
 
 // countSlotFacts reads every pool ledger and counts reservations and
-// releases per attempt, as stored.
-func countSlotFacts(t *testing.T, ctx context.Context, url string) (map[string]int, map[string]int) {
+// releases per attempt, as stored, and the most slots each pool held at
+// once in stream order.
+func countSlotFacts(t *testing.T, ctx context.Context, url string) (res, rel map[string]int, peak map[string]int, peakAt map[string]string) {
 	t.Helper()
 	nc, js, err := eventlog.Connect(url, "count")
 	if err != nil {
@@ -78,7 +93,9 @@ func countSlotFacts(t *testing.T, ctx context.Context, url string) (map[string]i
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, rel := map[string]int{}, map[string]int{}
+	res, rel, peak = map[string]int{}, map[string]int{}, map[string]int{}
+	held := map[string]map[string]bool{} // pool → attempts holding a slot
+	peakAt = map[string]string{}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ch := make(chan eventlog.Delivered, 256)
@@ -89,14 +106,42 @@ func countSlotFacts(t *testing.T, ctx context.Context, url string) (map[string]i
 			switch p := d.Event.Data.(type) {
 			case *events.SlotReserved:
 				res[p.Attempt]++
+				if held[p.Pool] == nil {
+					held[p.Pool] = map[string]bool{}
+				}
+				if rel[p.Attempt] == 0 {
+					held[p.Pool][p.Attempt] = true
+				}
+				if len(held[p.Pool]) > peak[p.Pool] {
+					peak[p.Pool] = len(held[p.Pool])
+					peakAt[p.Pool] = fmt.Sprintf("seq %d, held by %v", d.Event.Seq, keys(held[p.Pool]))
+				}
 			case *events.SlotReleased:
 				rel[p.Attempt]++
+				delete(held[p.Pool], p.Attempt)
 			}
 			if d.Event.Seq >= last {
-				return res, rel
+				return res, rel, peak, peakAt
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatal("reading the log stalled")
 		}
 	}
+}
+
+func keys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// jobsFromEnv reads BERTH_REPLICAS_JOBS (a smaller run while debugging).
+func jobsFromEnv(def int) int {
+	if n, err := strconv.Atoi(os.Getenv("BERTH_REPLICAS_JOBS")); err == nil && n > 0 {
+		return n
+	}
+	return def
 }

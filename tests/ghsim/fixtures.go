@@ -23,6 +23,8 @@ const (
 	fxHookSuccess    = "webhooks/workflow_job.completed.success.json"
 	fxHookFailure    = "webhooks/workflow_job.completed.failure.json"
 	fxHookCancelled  = "webhooks/workflow_job.completed.cancelled.self-hosted-arm64.partial.json"
+	fxPrimaryLimit   = "api/error.403.primary-rate-limit.go-github-test.json"
+	fxSecondaryLimit = "api/error.403.secondary-rate-limit.recorded.wiremock.json"
 )
 
 // fixtures holds every parsed fixture body. The maps are templates: callers must
@@ -31,6 +33,8 @@ type fixtures struct {
 	jitConfig, runnersList, runnerGet, jobGet, runsList, runJobsList map[string]any
 	installToken, rateLimit                                          map[string]any
 	hookQueued, hookInProgress, hookSuccess, hookFailure, hookCancel map[string]any
+	primaryLimit                                                     map[string]any // body of a primary rate-limit 403
+	secondaryLimit                                                   string         // message of a secondary rate limit
 }
 
 // loadFixtures reads and parses all fixture files from dir. It fails if any file
@@ -84,6 +88,9 @@ func loadFixtures(dir string) (*fixtures, error) {
 		if _, ok := fx.hookQueued[k].(map[string]any); !ok {
 			return nil, fmt.Errorf("ghsim: fixture %s has no %q object", fxHookQueued, k)
 		}
+	}
+	if err := loadLimitFixtures(dir, fx); err != nil {
+		return nil, err
 	}
 	return fx, nil
 }

@@ -24,6 +24,12 @@ const (
 	RouteListRunJobs        = "list-run-jobs"             // GET /repos/{owner}/{repo}/actions/runs/{run_id}/jobs
 	RouteInstallationToken  = "create-installation-token" // POST /app/installations/{installation_id}/access_tokens
 	RouteRateLimit          = "rate-limit"                // GET /rate_limit
+	RouteHookDeliveriesApp  = "list-hook-deliveries-app"  // GET /app/hook/deliveries
+	RouteHookDeliveriesOrg  = "list-hook-deliveries-org"  // GET /orgs/{org}/hooks/{hook_id}/deliveries
+	RouteHookDeliveriesRepo = "list-hook-deliveries-repo" // GET /repos/{owner}/{repo}/hooks/{hook_id}/deliveries
+	RouteRedeliverApp       = "redeliver-app"             // POST /app/hook/deliveries/{delivery_id}/attempts
+	RouteRedeliverOrg       = "redeliver-org"             // POST /orgs/{org}/hooks/{hook_id}/deliveries/{delivery_id}/attempts
+	RouteRedeliverRepo      = "redeliver-repo"            // POST /repos/{owner}/{repo}/hooks/{hook_id}/deliveries/{delivery_id}/attempts
 	RouteRunnerAcquire      = "runner-acquire"            // POST /_sim/runner/acquire
 	RouteRunnerComplete     = "runner-complete"           // POST /_sim/runner/complete
 	RouteNotFound           = "not-found"                 // anything else
@@ -62,6 +68,12 @@ func (s *Sim) routes() http.Handler {
 	rest(RouteListRunJobs, "GET /repos/{owner}/{repo}/actions/runs/{run_id}/jobs", s.handleListRunJobs)
 	rest(RouteInstallationToken, "POST /app/installations/{installation_id}/access_tokens", s.handleInstallationToken)
 	rest(RouteRateLimit, "GET /rate_limit", s.handleRateLimit)
+	rest(RouteHookDeliveriesApp, "GET /app/hook/deliveries", s.handleListHookDeliveries)
+	rest(RouteHookDeliveriesOrg, "GET /orgs/{org}/hooks/{hook_id}/deliveries", s.handleListHookDeliveries)
+	rest(RouteHookDeliveriesRepo, "GET /repos/{owner}/{repo}/hooks/{hook_id}/deliveries", s.handleListHookDeliveries)
+	rest(RouteRedeliverApp, "POST /app/hook/deliveries/{delivery_id}/attempts", s.handleRedeliverHookDelivery)
+	rest(RouteRedeliverOrg, "POST /orgs/{org}/hooks/{hook_id}/deliveries/{delivery_id}/attempts", s.handleRedeliverHookDelivery)
+	rest(RouteRedeliverRepo, "POST /repos/{owner}/{repo}/hooks/{hook_id}/deliveries/{delivery_id}/attempts", s.handleRedeliverHookDelivery)
 	mux.Handle("POST /_sim/runner/acquire", s.counted(RouteRunnerAcquire, http.HandlerFunc(s.handleAcquire)))
 	mux.Handle("POST /_sim/runner/complete", s.counted(RouteRunnerComplete, http.HandlerFunc(s.handleComplete)))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -81,11 +93,15 @@ func (s *Sim) count(name string) {
 	s.mu.Unlock()
 }
 
-// counted counts the call and sets GitHub's rate-limit headers.
+// counted counts the call, sets GitHub's rate-limit headers and gives a
+// rate-limit answer instead when RateLimit made one due.
 func (s *Sim) counted(name string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.count(name)
 		s.rateHeaders(w)
+		if s.limited(name, w) {
+			return
+		}
 		h.ServeHTTP(w, r)
 	})
 }

@@ -92,6 +92,10 @@ type Sim struct {
 	apiCalls   map[string]int
 	rlUsed     int
 	rlReset    time.Time
+	nextHookNo int64                   // id of the next delivery attempt (hook deliveries API)
+	lose       func(DeliveryView) bool // deliveries to fail (LoseDeliveries)
+	timeOut    func(DeliveryView) bool // deliveries sent but recorded as timed out (TimeOutDeliveries)
+	limits     map[string]*rateLimit   // route → rate-limit answers due (RateLimit)
 }
 
 // New loads and parses the fixtures once and starts the webhook sender goroutine.
@@ -136,6 +140,7 @@ func New(cfg Config) (*Sim, error) {
 		changed:    make(chan struct{}),
 		apiCalls:   map[string]int{},
 		rlReset:    time.Now().Add(time.Hour),
+		nextHookNo: 90000000000 + randInt63()%1000000*1000,
 	}
 	s.handler = s.routes()
 	s.wg.Add(1)

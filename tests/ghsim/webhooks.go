@@ -38,6 +38,8 @@ type DeliveryView struct {
 type delivery struct {
 	view DeliveryView
 	body []byte
+	num  int64     // the attempt's id in the hook deliveries API
+	at   time.Time // when the attempt ended
 }
 
 // Deliveries returns every delivery produced so far, in production order,
@@ -90,6 +92,8 @@ func (s *Sim) emitJobLocked(action string, j *job) {
 }
 
 func (s *Sim) queueLocked(d *delivery) {
+	s.nextHookNo++
+	d.num = s.nextHookNo
 	s.deliveries = append(s.deliveries, d)
 	s.outbox = append(s.outbox, d)
 	select {
@@ -125,13 +129,22 @@ func (s *Sim) sendLoop() {
 		d := s.outbox[0]
 		s.outbox = s.outbox[1:]
 		s.mu.Unlock()
+		if s.lost(d) {
+			s.log.Info("webhook lost", "delivery", d.view.ID, "action", d.view.Action, "job_id", d.view.JobID)
+			continue
+		}
 
 		start := time.Now()
 		code, err := s.post(d)
 		s.mu.Lock()
 		d.view.Done, d.view.StatusCode, d.view.Duration = true, code, time.Since(start)
+		d.at = time.Now().UTC()
 		if err != nil {
 			d.view.Err = err.Error()
+		}
+		if s.timeOut != nil && s.timeOut(d.view) {
+			// The receiver got it, but GitHub gave up waiting for the answer.
+			d.view.StatusCode, d.view.Err = 0, "timed out"
 		}
 		s.mu.Unlock()
 		s.log.Debug("webhook delivered", "delivery", d.view.ID, "action", d.view.Action,

@@ -29,6 +29,15 @@ const (
 type usageError struct{ error }
 type natsError struct{ error }
 
+// readError classifies an error reading the log: a truncated log is a
+// failure (exit 1) with its own explanation, anything else NATS's (exit 3).
+func readError(err error) error {
+	if errors.Is(err, eventlog.ErrTruncated) {
+		return err
+	}
+	return natsError{err}
+}
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -224,7 +233,7 @@ func statusCmd(natsURL *string) *cobra.Command {
 			defer cancel()
 			st, err := cli.FleetStatus(ctx, js)
 			if err != nil {
-				return natsError{err}
+				return readError(err)
 			}
 			return cli.PrintStatus(cmd.OutOrStdout(), st, asJSON, time.Now())
 		},
@@ -273,7 +282,11 @@ func replayCmd(natsURL *string) *cobra.Command {
 		Long: "replay folds the event log from the start into a fresh projection, exactly as a restarted\n" +
 			"service does, and prints it like `berth status`. It is the operator's tool for \"rebuild stuck\n" +
 			"state\": with --check it asks each running service for its live projection (GET /status)\n" +
-			"and prints every difference from a replay up to the same sequence; it exits 1 when any differs.",
+			"and prints every difference from a replay up to the same sequence; it exits 1 when any differs.\n" +
+			"Once the stream's retention limits have dropped old facts, it starts from the newest dispatcher or\n" +
+			"watchdog snapshot (KV bucket berth_snapshots) that covers them and says so; when none does, it\n" +
+			"says what is missing and exits 1 rather than print a fleet without those facts. Progress goes to\n" +
+			"stderr: a redrawn bar on a terminal, a line every 5 s otherwise.",
 		Example: `  berth replay                         # the fleet now, from the log alone
   berth replay --seq 120000            # as it was at stream sequence 120000
   berth replay --at 2026-11-30T09:00:00Z
@@ -285,15 +298,15 @@ func replayCmd(natsURL *string) *cobra.Command {
 			}
 			defer closeNC()
 			ctx := cmd.Context()
-			progress := cli.Progress(cmd.ErrOrStderr())
+			bar := cli.NewProgress(cmd.ErrOrStderr())
 			if check {
 				bad := 0
 				for _, url := range services {
-					diffs, seq, err := cli.Check(ctx, js, url, progress)
+					diffs, seq, err := cli.Check(ctx, js, url, bar.Update)
+					bar.Done()
 					if err != nil {
 						return err
 					}
-					fmt.Fprintf(cmd.ErrOrStderr(), "\r")
 					if len(diffs) == 0 {
 						fmt.Fprintf(cmd.OutOrStdout(), "%s: live projection equals a replay at seq %d\n", url, seq)
 						continue
@@ -318,11 +331,15 @@ func replayCmd(natsURL *string) *cobra.Command {
 					return usageError{fmt.Errorf("--at %q: give an RFC 3339 time such as 2026-11-30T09:00:00Z", at)}
 				}
 			}
-			st, violations, err := cli.ReplayStatus(ctx, js, seq, until, progress)
+			r, err := cli.Replay(ctx, js, seq, until, bar.Update)
+			bar.Done()
 			if err != nil {
-				return natsError{err}
+				return readError(err)
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "\r")
+			st, violations := r.Status, r.Violations
+			if note := r.Note(); note != "" {
+				fmt.Fprintln(cmd.ErrOrStderr(), note)
+			}
 			if seq > st.AsOfSeq {
 				fmt.Fprintf(cmd.ErrOrStderr(), "note: the log ends at seq %d; this is the fleet as of then\n", st.AsOfSeq)
 			}
@@ -384,7 +401,7 @@ func hostsCmd(natsURL *string) *cobra.Command {
 			defer closeNC()
 			st, err := cli.FleetStatus(cmd.Context(), js)
 			if err != nil {
-				return natsError{err}
+				return readError(err)
 			}
 			return cli.PrintHosts(cmd.OutOrStdout(), st, time.Now())
 		},
@@ -403,9 +420,9 @@ func jobsCmd(natsURL *string) *cobra.Command {
 				return natsError{err}
 			}
 			defer closeNC()
-			f, err := eventlog.Replay(cmd.Context(), js, nil)
+			f, _, err := eventlog.ReplayFrom(cmd.Context(), js, 0, time.Time{}, nil)
 			if err != nil {
-				return natsError{err}
+				return readError(err)
 			}
 			return cli.PrintJobs(cmd.OutOrStdout(), f, limit)
 		},

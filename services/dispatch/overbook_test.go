@@ -1,0 +1,78 @@
+package dispatch_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/dispatch"
+	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Given a pool with one slot and a dispatcher that has just booked it (the
+// reservation is stored but not yet folded back), when the job it booked for
+// is cancelled, another queues, and the dispatcher decides again before its
+// own fact comes back, then it books nothing more: its next booking must rest on a fold that counts the
+// first, and the pool ledger's expected sequence is what says it does not.
+// (Found by the 1,000-job replicas test: chaining the expected sequence onto
+// its own last append let a second booking through.)
+func TestADispatcherNeverBooksOnAFoldThatMissesItsOwnBooking(t *testing.T) {
+	in := newIntake(t)
+	d, err := dispatch.New(&eventlog.Loop{JS: in.js}, &eventlog.Appender{JS: in.js, Source: "test"}, &countingMinter{},
+		dispatch.Options{Logger: slog.New(slog.DiscardHandler)}, dispatch.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := uint64(1000) // facts folded by hand, not from the stream: none on a pool ledger
+	apply := func(ps ...events.Payload) {
+		for _, p := range ps {
+			seq++
+			e := events.New("test", time.Now(), p)
+			e.Seq = seq
+			d.Apply(eventlog.Delivered{Event: e})
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	// An earlier booking, stored and folded, so the pool's ledger exists.
+	app := &eventlog.Appender{JS: in.js, Source: "test"}
+	earlier := events.AttemptRef{Attempt: events.AttemptID(9, 1), Pool: "linux", Host: "h-a"}
+	var zero uint64
+	for _, p := range []events.Payload{
+		events.SlotReserved{Pool: "linux", Host: "h-a", Attempt: earlier.Attempt, JobID: 9, N: 1},
+		events.SlotReleased{Pool: "linux", Host: "h-a", Attempt: earlier.Attempt, JobID: 9, Reason: "completed"},
+	} {
+		e := app.New(time.Now(), p)
+		s, _, err := app.Append(ctx, e, &zero)
+		if err != nil {
+			t.Fatal(err)
+		}
+		zero = s
+		folded, err := events.Unmarshal(mustMarshal(t, e), s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Apply(eventlog.Delivered{Event: folded})
+	}
+	apply(host("h-a", 1, 1), queued(1))
+	d.Decide(ctx) // books the one slot for job 1
+	apply(completed(1, "", "cancelled"), queued(2))
+	d.Decide(ctx) // job 1's reservation is not folded yet: the slot looks free
+
+	if n := in.stream(t, events.PoolSubject("linux")).State.Msgs; n != 3 {
+		t.Fatalf("%d slot facts on the linux ledger, want the earlier 2 and 1 reservation for its 1 slot", n)
+	}
+}
+
+func mustMarshal(t *testing.T, e events.Event) []byte {
+	t.Helper()
+	b, err := events.Marshal(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}

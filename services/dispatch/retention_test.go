@@ -1,0 +1,69 @@
+package dispatch_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/dispatch"
+	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Given a bounded log in which every fact on the linux pool's ledger has
+// expired (its last booking and release are older than what the stream
+// keeps) while the dispatcher's fold still holds their sequences, when a job
+// is queued and the dispatcher decides, then the slot is booked: the server
+// reads the expired ledger as empty, and a booking expecting the fold's last
+// ledger sequence must not conflict for ever.
+func TestBookingGoesOnAfterThePoolLedgersFactsExpired(t *testing.T) {
+	in := newIntake(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := eventlog.EnsureStream(ctx, in.js, eventlog.StreamConfig{MaxMsgs: 6}); err != nil {
+		t.Fatal(err)
+	}
+	app := &eventlog.Appender{JS: in.js, Source: "test"}
+	d, err := dispatch.New(&eventlog.Loop{JS: in.js}, app, &countingMinter{},
+		dispatch.Options{Logger: slog.New(slog.DiscardHandler)}, dispatch.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// put appends a fact and feeds it to the dispatcher's fold, as its loop would.
+	put := func(p events.Payload, expect *uint64) uint64 {
+		t.Helper()
+		ev := app.New(time.Now(), p)
+		seq, _, err := app.Append(ctx, ev, expect)
+		if err != nil {
+			t.Fatalf("append %s: %v", ev.ID, err)
+		}
+		ev.Seq = seq
+		d.Apply(eventlog.Delivered{Event: ev})
+		return seq
+	}
+	empty := uint64(0)
+	put(host("h-a", 4, 4), nil)
+	put(queued(9), nil)
+	booked := put(reserved(9, 1, "h-a"), &empty)
+	put(completed(9, attempt(9, 1), "success"), nil)
+	released := put(released(9, 1, "h-a", events.ReleaseCompleted), &booked)
+	for i := range 6 { // jobs no pool serves: they only push the ledger out
+		put(queued(int64(100+i), "gpu"), nil)
+	}
+	if n := in.stream(t, events.PoolSubject("linux")).State.Subjects[events.PoolSubject("linux")]; n != 0 {
+		t.Fatalf("the linux ledger still holds %d facts: the test needs them expired", n)
+	}
+	if got := d.Fleet().Pools["linux"].LastSeq; got != released {
+		t.Fatalf("fold's linux ledger at seq %d, want %d", got, released)
+	}
+
+	put(queued(1), nil)
+	d.Decide(ctx)
+	d.Decide(ctx) // a conflict is re-decided on the next turn; it must not recur
+
+	if n := in.stream(t, events.PoolSubject("linux")).State.Subjects[events.PoolSubject("linux")]; n != 1 {
+		t.Errorf("the linux ledger holds %d facts after deciding with job 1 queued, want its booking", n)
+	}
+}

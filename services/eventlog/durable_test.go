@@ -1,0 +1,289 @@
+package eventlog_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// durableReactor records deliveries; it panics on poison ids and its Decide
+// can be held to stand for a long reaction.
+type durableReactor struct {
+	mu      sync.Mutex
+	applied map[uint64]int
+	skipped map[uint64]error
+	poison  map[int64]bool // job ids whose facts make Apply panic
+	hold    chan struct{}  // when not nil, Decide waits on it once a fact is folded
+}
+
+func newDurableReactor(poison ...int64) *durableReactor {
+	r := &durableReactor{applied: map[uint64]int{}, skipped: map[uint64]error{}, poison: map[int64]bool{}}
+	for _, job := range poison {
+		r.poison[job] = true
+	}
+	return r
+}
+
+func (r *durableReactor) Apply(d eventlog.Delivered) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if d.Err != nil {
+		r.skipped[d.Event.Seq] = d.Err
+		return
+	}
+	if q, ok := d.Event.Data.(*events.JobQueued); ok && r.poison[q.JobID] {
+		panic(fmt.Sprintf("cannot fold job %d", q.JobID))
+	}
+	r.applied[d.Event.Seq]++
+}
+
+func (r *durableReactor) Decide(ctx context.Context) {
+	r.mu.Lock()
+	h := r.hold
+	folded := len(r.applied) > 0
+	r.mu.Unlock()
+	if h != nil && folded {
+		select {
+		case <-h:
+		case <-ctx.Done():
+		}
+	}
+}
+
+func (r *durableReactor) has(seq uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.applied[seq] > 0
+}
+
+func (r *durableReactor) skip(seq uint64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.skipped[seq]
+}
+
+// runLoop runs l until cleanup and fails the test if it returns an error.
+func runLoop(t *testing.T, l *eventlog.Loop, r eventlog.Reactor) {
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- l.Run(ctx, r) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-errc; err != nil {
+			t.Errorf("loop: %v", err)
+		}
+	})
+}
+
+// eventually polls cond every 20 ms until it holds or waitLimit passes.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, waitLimit)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func appendQueued(t *testing.T, app *eventlog.Appender, delivery string, job int64) uint64 {
+	t.Helper()
+	seq, _, err := app.Append(ctxFor(t), app.New(t0, queued(delivery, job)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seq
+}
+
+func consumerInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.ConsumerInfo {
+	t.Helper()
+	c, err := js.Consumer(ctxFor(t), events.StreamName, name)
+	if err != nil {
+		t.Fatalf("consumer %s: %v", name, err)
+	}
+	info, err := c.Info(ctxFor(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
+func TestDurableLoopAcksOnlyAfterTheReactionReturns(t *testing.T) {
+	// Given a loop on a durable consumer whose Decide is held
+	_, js, app := start(t)
+	r := newDurableReactor()
+	hold := make(chan struct{})
+	r.hold = hold
+	var once sync.Once
+	release := func() { once.Do(func() { close(hold) }) }
+	l := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: time.Hour,
+		Consumer: &eventlog.Consumer{Name: "test-acks", AckWait: 300 * time.Millisecond}}
+	runLoop(t, l, r)
+	t.Cleanup(release) // runs before the loop's cleanup, which waits for Decide
+	eventually(t, "consumer created", func() bool {
+		_, err := js.Consumer(ctxFor(t), events.StreamName, "test-acks")
+		return err == nil
+	})
+
+	// When facts arrive and the reaction to them takes longer than AckWait
+	seq := appendQueued(t, app, "d-1", 1)
+	eventually(t, "fact folded", func() bool { return r.has(seq) })
+	time.Sleep(time.Second) // > 3 AckWaits: without in-progress acks it would be redelivered
+
+	// Then nothing is acked while the reaction runs, and nothing redelivered
+	if info := consumerInfo(t, js, "test-acks"); info.AckFloor.Stream >= seq || info.NumRedelivered != 0 {
+		t.Fatalf("during the reaction: ack floor %d (want < %d), redelivered %d (want 0)", info.AckFloor.Stream, seq, info.NumRedelivered)
+	}
+	// And once it returns the ack floor reaches the fact
+	release()
+	eventually(t, "ack floor reaches the fact", func() bool { return consumerInfo(t, js, "test-acks").AckFloor.Stream >= seq })
+	if st := l.Stats(); st.Redelivered != 0 {
+		t.Fatalf("redelivered %d, want 0", st.Redelivered)
+	}
+}
+
+func TestPoisonFactIsParkedAndCountedAndTheRestFlows(t *testing.T) {
+	// Given a reaction that panics on one fact
+	_, js, app := start(t)
+	r := newDurableReactor(2)
+	l := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 100 * time.Millisecond,
+		Consumer: &eventlog.Consumer{Name: "test-poison", MaxDeliver: 3}}
+	runLoop(t, l, r)
+
+	// When it sits between good facts
+	before := appendQueued(t, app, "good-1", 1)
+	bad := appendQueued(t, app, "poison", 2)
+	after := appendQueued(t, app, "good-2", 3)
+
+	// Then the facts around it are folded at once (it does not stall them)
+	eventually(t, "facts around the poison folded", func() bool { return r.has(before) && r.has(after) })
+	// And after MaxDeliver deliveries it is parked, counted and skipped
+	eventually(t, "poison parked", func() bool { return l.Stats().Parked == 1 })
+	if st := l.Stats(); st.Panics != 3 {
+		t.Fatalf("panics %d, want one per delivery (3)", st.Panics)
+	}
+	if err := r.skip(bad); !errors.Is(err, eventlog.ErrPoison) {
+		t.Fatalf("the fold was told %v for the poison fact, want ErrPoison", err)
+	}
+	var rec eventlog.Parked
+	eventually(t, "parking record stored", func() bool {
+		kv, err := js.KeyValue(ctxFor(t), eventlog.ParkBucket)
+		if err != nil {
+			return false
+		}
+		e, err := kv.Get(ctxFor(t), fmt.Sprintf("test-poison.%d", bad))
+		return err == nil && json.Unmarshal(e.Value(), &rec) == nil
+	})
+	if rec.Seq != bad || rec.ID == "" || rec.Deliveries != 3 || rec.Error == "" {
+		t.Fatalf("parking record %+v", rec)
+	}
+	// And the loop goes on folding new facts
+	later := appendQueued(t, app, "good-3", 4)
+	eventually(t, "later fact folded", func() bool { return r.has(later) })
+	eventually(t, "ack floor past the poison", func() bool { return consumerInfo(t, js, "test-poison").AckFloor.Stream >= later })
+}
+
+func TestLostConsumerIsRecreatedWithoutLosingFacts(t *testing.T) {
+	// Given a loop caught up on a durable consumer
+	_, js, app := start(t)
+	r := newDurableReactor()
+	l := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 100 * time.Millisecond,
+		Consumer: &eventlog.Consumer{Name: "test-lost", StallAfter: 300 * time.Millisecond}}
+	runLoop(t, l, r)
+	first := appendQueued(t, app, "d-1", 1)
+	eventually(t, "first fact folded", func() bool { return r.has(first) })
+
+	// When the server loses the consumer and facts go on arriving
+	if err := js.DeleteConsumer(ctxFor(t), events.StreamName, "test-lost"); err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	for i := range 5 {
+		seqs = append(seqs, appendQueued(t, app, fmt.Sprintf("d-%d", i+2), int64(i+2)))
+	}
+
+	// Then the loop recreates it and folds every one of them
+	eventually(t, "facts after the loss folded", func() bool {
+		for _, s := range seqs {
+			if !r.has(s) {
+				return false
+			}
+		}
+		return true
+	})
+	if st := l.Stats(); st.Recreated == 0 {
+		t.Fatalf("recreated %d times, want at least 1", st.Recreated)
+	}
+}
+
+func TestDurableLoopGoesOnAfterTheServerRestarts(t *testing.T) {
+	// Given a loop on a durable consumer against a server with a store
+	dir := t.TempDir()
+	srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url, addr := srv.ClientURL(), srv.Addr().String()
+	nc, js, err := eventlog.Connect(url, t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if _, err := eventlog.EnsureStream(ctxFor(t), js, eventlog.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	app := &eventlog.Appender{JS: js, Source: "berth/test"}
+	r := newDurableReactor()
+	l := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 100 * time.Millisecond,
+		Consumer: &eventlog.Consumer{Name: "test-restart", StallAfter: 500 * time.Millisecond}}
+	runLoop(t, l, r)
+	first := appendQueued(t, app, "d-1", 1)
+	eventually(t, "first fact folded", func() bool { return r.has(first) })
+
+	// When the server restarts on the same port and store
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	srv, err = eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: addr, StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	eventually(t, "client reconnected", nc.IsConnected)
+	second := appendQueued(t, app, "d-2", 2)
+
+	// Then the loop folds what comes after the restart
+	eventually(t, "fact after the restart folded", func() bool { return r.has(second) })
+}
+
+func TestLoopStartingOnATruncatedLogSaysSo(t *testing.T) {
+	// Given a log capped at 3 facts that has dropped its oldest ones
+	_, js, app := start(t)
+	if _, err := eventlog.EnsureStream(ctxFor(t), js, eventlog.StreamConfig{MaxMsgs: 3}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 6 {
+		appendQueued(t, app, fmt.Sprintf("d-%d", i), int64(i+1))
+	}
+
+	// When a loop with no snapshot starts on it
+	r := newDurableReactor()
+	l := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 100 * time.Millisecond,
+		Consumer: &eventlog.Consumer{Name: "test-truncated"}}
+	runLoop(t, l, r)
+
+	// Then it folds what is left and says what was lost and what to do
+	eventually(t, "the facts left folded", func() bool { return r.has(4) && r.has(6) })
+	if msg := l.Truncated(); !strings.Contains(msg, "expired") || !strings.Contains(msg, "restart the vmagents") {
+		t.Fatalf("Truncated() = %q, want what expired and what to do", msg)
+	}
+}

@@ -1,0 +1,75 @@
+package eventlog
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ParkBucket is the KV bucket of poison facts: one key per parked delivery,
+// `<reader>.<stream seq>`, whose value is a Parked record. The fact itself
+// stays in the log; the record says who could not react to it and why.
+// Read them with `nats kv ls berth_parked` and `nats kv get berth_parked KEY`;
+// once the cause is fixed, a restart of the reader folds the fact again
+// (the record can then be deleted).
+const ParkBucket = "berth_parked"
+
+// Parked is what a reader records about a fact it parked.
+type Parked struct {
+	Reader     string    `json:"reader"`
+	Seq        uint64    `json:"seq"`
+	Subject    string    `json:"subject"`
+	ID         string    `json:"id,omitempty"`
+	Type       string    `json:"type,omitempty"`
+	Deliveries uint64    `json:"deliveries"`
+	Error      string    `json:"error"`
+	At         time.Time `json:"at"`
+}
+
+// reader names the loop in parking records and logs.
+func (l *Loop) reader() string {
+	switch {
+	case l.Consumer != nil && l.Consumer.Name != "":
+		return l.Consumer.Name
+	case l.SnapshotKey != "":
+		return l.SnapshotKey
+	}
+	return "reader"
+}
+
+// park records a poison fact off the loop (law 3); a record that cannot be
+// stored is still logged and counted.
+func (l *Loop) park(ctx context.Context, d Delivered, cause error) {
+	p := Parked{Reader: l.reader(), Seq: d.Event.Seq, Subject: d.Event.Subject, ID: d.Event.ID,
+		Type: d.Event.Type(), Deliveries: d.Deliveries, Error: cause.Error(), At: time.Now().UTC()}
+	slog.Error("poison event parked: the fold skips it; see `nats kv get "+ParkBucket+" "+parkKey(p)+"`, fix the cause, restart to fold it again",
+		"reader", p.Reader, "seq", p.Seq, "subject", p.Subject, "type", p.Type, "err", cause)
+	go func() {
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := l.storePark(pctx, p); err != nil {
+			slog.Warn("parking record not stored", "seq", p.Seq, "err", err)
+		}
+	}()
+}
+
+func parkKey(p Parked) string { return fmt.Sprintf("%s.%d", p.Reader, p.Seq) }
+
+func (l *Loop) storePark(ctx context.Context, p Parked) error {
+	kv, err := l.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: ParkBucket,
+		Description: "facts a Berth service could not react to (poison), one key per reader and sequence",
+		Replicas:    max(l.Replicas, 1)})
+	if err != nil {
+		return err
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	_, err = kv.Put(ctx, parkKey(p), b)
+	return err
+}

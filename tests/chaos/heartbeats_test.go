@@ -1,0 +1,80 @@
+package chaos
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/config"
+	"github.com/berth-ci/berth/tests/ghsim"
+	"github.com/berth-ci/berth/tests/procs"
+)
+
+// Given a 3-node NATS cluster and jobs running, when the node that leads
+// the agents' heartbeat bucket dies and stays down longer than host_ttl,
+// then no host is declared lost: the heartbeats live in a bucket replicated
+// like the log (nats.replicas), so one node's loss, which the cluster is
+// there to survive, is not read as every host going silent (law 7: a
+// missing read is not a fact). With the bucket on one replica, the watchdog
+// declared both hosts lost, released the running jobs' slots and had their
+// VMs stopped mid-job: those jobs were never completed.
+func TestLosingANATSNodeLosesNoHost(t *testing.T) {
+	t.Parallel() // mostly waiting: it shares the machine with the other test here
+	const hostTTL = 15 * time.Second
+	sys := procs.Start(t, procs.Options{NATSNodes: 3, Tune: func(c *config.Config) {
+		c.Watchdog.HostTTL = hostTTL
+		c.Watchdog.RegistrationTimeout = time.Minute
+	}})
+	var ids []int64
+	for range 4 {
+		ids = append(ids, sys.Sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted", "linux"}, Duration: hostTTL + 20*time.Second}))
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for running := 0; running < len(ids); {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d jobs running after 30s", running, len(ids))
+		}
+		time.Sleep(200 * time.Millisecond)
+		running = 0
+		for _, j := range sys.Sim.Jobs() {
+			if j.Status == ghsim.StatusInProgress {
+				running++
+			}
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := sys.JetStream().Stream(ctx, "KV_berth_heartbeats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil || info.Cluster == nil {
+		t.Fatalf("heartbeat bucket info: %v %+v", err, info)
+	}
+	node := sys.Proc(info.Cluster.Leader)
+	t.Logf("heartbeat bucket: %d replicas, leader %s; killing it for %s (host_ttl %s)",
+		info.Config.Replicas, node.Name, hostTTL+5*time.Second, hostTTL)
+	node.Kill(t)
+	time.Sleep(hostTTL + 5*time.Second)
+	node.Restart(t)
+
+	sys.AwaitQuiet(45*time.Second, func() {
+		_, _, line := sys.Progress()
+		t.Log(line)
+	})
+	sys.Verify()
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fleet, err := sys.Replay(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range fleet.Attempts {
+		if a.ReleaseReason == events.ReleaseHostLost {
+			t.Errorf("attempt %s on %s released because its host was declared lost", a.ID, a.Host)
+		}
+	}
+}

@@ -1,0 +1,131 @@
+package procs
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// NATS is a nats-server process, or a cluster of them, each with its own
+// JetStream store that survives its restarts.
+type NATS struct {
+	Nodes []*Proc
+	URLs  []string
+}
+
+// URL is the client URL list services dial (comma-separated).
+func (n *NATS) URL() string { return strings.Join(n.URLs, ",") }
+
+// startNATS starts n nodes (1, or 3 for a cluster named berth like
+// deploy/nats/cluster) on free loopback ports and waits until JetStream
+// answers through every node.
+func startNATS(t *testing.T, bin, dir, tag string, n int) *NATS {
+	t.Helper()
+	clientPorts, routePorts := make([]int, n), make([]int, n)
+	for i := range n {
+		clientPorts[i], routePorts[i] = freePort(t), freePort(t)
+	}
+	var routes []string
+	for _, p := range routePorts {
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", p))
+	}
+	out := &NATS{}
+	for i := range n {
+		name := fmt.Sprintf("nats-%d", i+1)
+		store := filepath.Join(dir, name, "jetstream")
+		if err := os.MkdirAll(store, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		conf := fmt.Sprintf("server_name: %s\nlisten: 127.0.0.1:%d\nmax_payload: 4MB\njetstream {\n  store_dir: %q\n}\n", name, clientPorts[i], store)
+		if n > 1 {
+			conf += fmt.Sprintf("cluster {\n  name: berth\n  listen: 127.0.0.1:%d\n  routes: [\n    %s\n  ]\n}\n", routePorts[i], strings.Join(routes, "\n    "))
+		}
+		confPath := filepath.Join(dir, name, "nats.conf")
+		if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p := newProc(name, filepath.Join(dir, name+".log"), dir, []string{tagEnv + "=" + tag}, bin, "-c", confPath)
+		if err := p.start(nil); err != nil {
+			t.Fatal(err)
+		}
+		out.Nodes = append(out.Nodes, p)
+		out.URLs = append(out.URLs, fmt.Sprintf("nats://127.0.0.1:%d", clientPorts[i]))
+	}
+	for i := range n {
+		out.AwaitJetStream(t, i, 30*time.Second)
+	}
+	return out
+}
+
+// AwaitJetStream waits until JetStream answers an account-info request
+// through node i (in a cluster: once a meta leader is elected).
+func (n *NATS) AwaitJetStream(t testing.TB, i int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var last error
+	for time.Now().Before(deadline) {
+		if last = jsReady(n.URLs[i]); last == nil {
+			return
+		}
+		if !n.Nodes[i].Running() {
+			t.Fatalf("%s exited:\n%s", n.Nodes[i].Name, tail(n.Nodes[i].Log, 30))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: JetStream not ready within %s: %v\n%s", n.Nodes[i].Name, within, last, tail(n.Nodes[i].Log, 30))
+}
+
+func jsReady(url string) error {
+	nc, err := nats.Connect(url, nats.Timeout(time.Second))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err = js.AccountInfo(ctx)
+	return err
+}
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
+// freePort picks a port to listen on, and to listen on again after a
+// restart: below Linux's ephemeral range (32768 and up), so that no
+// outgoing connection is handed it while its process is down.
+func freePort(t testing.TB) int {
+	t.Helper()
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for range 200 {
+		port := 20000 + rand.IntN(12000)
+		if portsGiven[port] {
+			continue // handed out already in this test binary
+		}
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		portsGiven[port] = true
+		return port
+	}
+	t.Fatal("no free port between 20000 and 32000")
+	return 0
+}

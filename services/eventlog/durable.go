@@ -118,6 +118,26 @@ type follower struct {
 	subj  []string
 	track unacked
 	stats struct{ redelivered, recreated atomic.Uint64 }
+	cons  atomic.Value // the live jetstream.Consumer, for Stuck
+	last  atomic.Int64 // unix nanos of the last delivery
+}
+
+// stuck reports a follower that the server holds facts for and that has
+// delivered none for longer than d: what health must show even while the
+// loop still turns on ticks (law 6). Errors reading the consumer are not
+// taken as stuck: a reconnect is the transport's business.
+func (f *follower) stuck(ctx context.Context, d time.Duration) (bool, uint64) {
+	c, ok := f.cons.Load().(jetstream.Consumer)
+	if !ok || time.Since(time.Unix(0, f.last.Load())) < d {
+		return false, 0
+	}
+	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	info, err := c.Info(ictx)
+	if err != nil {
+		return false, 0
+	}
+	return info.NumPending > 0, info.NumPending
 }
 
 func newFollower(js jetstream.JetStream, c Consumer, filters []string) *follower {
@@ -149,6 +169,8 @@ func (f *follower) run(ctx context.Context, startSeq uint64, out chan<- Delivere
 			}
 			continue
 		}
+		f.cons.Store(cons)
+		f.last.Store(time.Now().UnixNano())
 		err = f.consume(ctx, cons, out)
 		if ctx.Err() != nil {
 			f.release()
@@ -235,6 +257,7 @@ func (f *follower) consume(ctx context.Context, cons jetstream.Consumer, out cha
 			continue
 		}
 		seq := meta.Sequence.Stream
+		f.last.Store(time.Now().UnixNano())
 		if meta.NumDelivered > 1 {
 			f.stats.redelivered.Add(1)
 		}

@@ -287,3 +287,38 @@ func TestLoopStartingOnATruncatedLogSaysSo(t *testing.T) {
 		t.Fatalf("Truncated() = %q, want what expired and what to do", msg)
 	}
 }
+
+func TestStuckReportsFactsTheServerHoldsButDoesNotDeliver(t *testing.T) {
+	// Given a loop that may have one fact unacked and whose reaction is held
+	_, js, app := start(t)
+	r := newDurableReactor()
+	hold := make(chan struct{})
+	r.hold = hold
+	var once sync.Once
+	release := func() { once.Do(func() { close(hold) }) }
+	l := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: time.Hour,
+		Consumer: &eventlog.Consumer{Name: "test-stuck", MaxAckPending: 1, StallAfter: time.Hour}}
+	runLoop(t, l, r)
+	t.Cleanup(release)
+	first := appendQueued(t, app, "d-1", 1)
+	eventually(t, "first fact folded", func() bool { return r.has(first) })
+	if stuck, _ := l.Stuck(ctxFor(t), 200*time.Millisecond); stuck {
+		t.Fatal("stuck with nothing pending")
+	}
+
+	// When more facts arrive that the server may not deliver
+	appendQueued(t, app, "d-2", 2)
+	appendQueued(t, app, "d-3", 3)
+
+	// Then Stuck says so, with their number
+	eventually(t, "stuck reported", func() bool {
+		stuck, n := l.Stuck(ctxFor(t), 200*time.Millisecond)
+		return stuck && n == 2
+	})
+	// And once the reaction returns they flow and it is not stuck
+	release()
+	eventually(t, "not stuck", func() bool {
+		stuck, _ := l.Stuck(ctxFor(t), 200*time.Millisecond)
+		return !stuck && r.has(first+2)
+	})
+}

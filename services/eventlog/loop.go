@@ -251,6 +251,17 @@ func (l *Loop) Truncated() string {
 	return ""
 }
 
+// Stuck reports, for a loop on a durable consumer, whether the server has
+// held facts for it that it has not received for longer than d, and how
+// many. A loop that caught up once and then stopped receiving still turns
+// on ticks; this is what tells.
+func (l *Loop) Stuck(ctx context.Context, d time.Duration) (bool, uint64) {
+	if f := l.follower.Load(); f != nil {
+		return f.stuck(ctx, d)
+	}
+	return false, 0
+}
+
 // LoopStats are a loop's counters since it started.
 type LoopStats struct {
 	FollowerStats

@@ -257,13 +257,23 @@ func loopMetrics(reg *prometheus.Registry, l *eventlog.Loop) {
 		func(s eventlog.LoopStats) uint64 { return s.Parked })
 }
 
-// loopHealthy is the shared liveness rule: caught up with the log, and the
-// loop turned within the last few ticks (a wedged loop is unhealthy).
+// stuckAfter is how long a service may hold undelivered facts before health
+// says it is stuck: past the consumer's own stall recreation (10 s) and a
+// reconnect, so only a fault that recreation did not mend shows.
+const stuckAfter = 30 * time.Second
+
+// loopHealthy is the shared liveness rule: caught up with the log, the loop
+// turned within the last few ticks (a wedged loop is unhealthy), and its
+// consumer is not holding facts it has stopped delivering.
 func loopHealthy(l *eventlog.Loop) (bool, map[string]any) {
 	stale := time.Since(l.LastProgress())
-	ok := l.CaughtUp() && stale < 10*time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	stuck, pending := l.Stuck(ctx, stuckAfter)
+	ok := l.CaughtUp() && stale < 10*time.Second && !stuck
 	st := l.Stats()
 	return ok, map[string]any{"caught_up": l.CaughtUp(), "last_seq": l.LastSeq(), "loop_idle_seconds": stale.Seconds(),
+		"stuck": stuck, "undelivered": pending,
 		"parked_events": st.Parked, "consumer_recreated": st.Recreated, "log_truncated": l.Truncated()}
 }
 

@@ -138,10 +138,14 @@ func keys(m map[string]bool) []string {
 	return out
 }
 
-// jobsFromEnv reads BERTH_REPLICAS_JOBS (a smaller run while debugging).
+// jobsFromEnv reads BERTH_REPLICAS_JOBS; without it the run is def jobs,
+// or 200 under the race detector (make test runs the full size without it).
 func jobsFromEnv(def int) int {
 	if n, err := strconv.Atoi(os.Getenv("BERTH_REPLICAS_JOBS")); err == nil && n > 0 {
 		return n
+	}
+	if raceEnabled {
+		return 200
 	}
 	return def
 }

@@ -96,6 +96,9 @@ func (s *Sim) handleJITConfig(w http.ResponseWriter, r *http.Request) {
 	cfg, _ := json.Marshal(JITConfig{SimURL: base, RunnerID: rn.id, RunnerName: rn.name,
 		Labels: rn.labels, WorkFolder: rn.workFolder, Token: rn.token})
 	body["encoded_jit_config"] = base64.StdEncoding.EncodeToString(cfg)
+	s.mu.Lock()
+	s.minted = append(s.minted, body["encoded_jit_config"].(string), rn.token)
+	s.mu.Unlock()
 	s.log.Info("runner registered", "runner", rn.name, "runner_id", rn.id, "labels", rn.labels, "scope", rn.scope)
 	writeJSON(w, http.StatusCreated, body)
 }

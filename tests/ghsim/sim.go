@@ -61,6 +61,7 @@ type Config struct {
 
 // Sim is a simulated GitHub. All methods are safe for concurrent use.
 type Sim struct {
+	minted     []string // encoded JIT configs and runner tokens handed out (secrets.go)
 	cfg        Config
 	log        *slog.Logger
 	fx         *fixtures

@@ -122,6 +122,22 @@ type follower struct {
 	last  atomic.Int64 // unix nanos of the last delivery
 }
 
+// pending asks the server how many facts it holds for the follower that
+// are not yet delivered (its lag); ok is false when it cannot tell.
+func (f *follower) pending(ctx context.Context) (uint64, bool) {
+	c, ok := f.cons.Load().(jetstream.Consumer)
+	if !ok {
+		return 0, false
+	}
+	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	info, err := c.Info(ictx)
+	if err != nil {
+		return 0, false
+	}
+	return info.NumPending, true
+}
+
 // stuck reports a follower that the server holds facts for and that has
 // delivered none for longer than d: what health must show even while the
 // loop still turns on ticks (law 6). Errors reading the consumer are not

@@ -262,6 +262,16 @@ func (l *Loop) Stuck(ctx context.Context, d time.Duration) (bool, uint64) {
 	return false, 0
 }
 
+// Lag is how many facts the server holds for this loop's durable consumer
+// that it has not delivered yet; ok is false without a durable consumer or
+// when the server cannot be asked.
+func (l *Loop) Lag(ctx context.Context) (n uint64, ok bool) {
+	if f := l.follower.Load(); f != nil {
+		return f.pending(ctx)
+	}
+	return 0, false
+}
+
 // LoopStats are a loop's counters since it started.
 type LoopStats struct {
 	FollowerStats

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/berth-ci/berth/events"
@@ -95,11 +96,26 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		MaxBytes:    unlimited(cfg.MaxBytes),
 		MaxMsgs:     unlimited(cfg.MaxMsgs),
 	}
+	// Every service calls this at every start. Update only what differs:
+	// a stream update racing a consumer's creation is a data race inside
+	// nats-server v2.15.2 (fileStore.UpdateConfig vs ConsumerStore, seen
+	// under -race), and an update nobody needs is churn on a cluster.
+	if cur, err := js.Stream(ctx, events.StreamName); err == nil && sameStream(cur.CachedInfo().Config, sc) {
+		return cur, nil
+	}
 	s, err := js.CreateOrUpdateStream(ctx, sc)
 	if err != nil {
 		return nil, fmt.Errorf("create stream %s: %w", events.StreamName, err)
 	}
 	return s, nil
+}
+
+// sameStream compares the settings EnsureStream asks for.
+func sameStream(a, b jetstream.StreamConfig) bool {
+	return a.Description == b.Description && slices.Equal(a.Subjects, b.Subjects) && a.Storage == b.Storage &&
+		a.Replicas == b.Replicas && a.Duplicates == b.Duplicates && a.DenyDelete == b.DenyDelete &&
+		a.DenyPurge == b.DenyPurge && a.AllowDirect == b.AllowDirect && a.Retention == b.Retention &&
+		a.Discard == b.Discard && a.MaxAge == b.MaxAge && a.MaxBytes == b.MaxBytes && a.MaxMsgs == b.MaxMsgs
 }
 
 // ErrConflict is returned by Append when the aggregate's subject moved past

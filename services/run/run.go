@@ -253,6 +253,16 @@ func loopMetrics(reg *prometheus.Registry, l *eventlog.Loop) {
 		func(s eventlog.LoopStats) uint64 { return s.Recreated })
 	counter("berth_log_reaction_panics_total", "Deliveries whose fold or reaction panicked (each is retried up to MaxDeliver).",
 		func(s eventlog.LoopStats) uint64 { return s.Panics })
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "berth_log_consumer_pending",
+		Help: "Facts the server holds for this service's consumer and has not delivered yet (its lag; -1: unknown)."},
+		func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if n, ok := l.Lag(ctx); ok {
+				return float64(n)
+			}
+			return -1
+		}))
 	counter("berth_log_parked_total", "Poison facts parked in the berth_parked KV bucket and skipped by the fold.",
 		func(s eventlog.LoopStats) uint64 { return s.Parked })
 }

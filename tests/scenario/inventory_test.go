@@ -57,6 +57,8 @@ func TestAVMTheHostStillCountsAfterItsStopIsFoundByTheSweepAndStopped(t *testing
 	if c := w.calls("host-a", "stop", unknown); c.starts != 1 {
 		t.Errorf("the VM without a record was stopped %d times, want once", c.starts)
 	}
+	// The script removes the VM before it records its own end: wait for that.
+	w.await("the sweep's stop ended", 5*time.Second, func() bool { return len(w.calls("host-a", "stop", a).statuses) >= 2 })
 	if c := w.calls("host-a", "stop", a); c.starts != 2 || !slices.Equal(c.statuses, []string{"0", "0"}) {
 		t.Errorf("stop calls %+v, want the lying one and the sweep's", c)
 	}

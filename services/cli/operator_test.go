@@ -115,3 +115,16 @@ func newLog(t *testing.T) (context.Context, jetstream.JetStream) {
 	}
 	return ctx, js
 }
+
+func TestEventsFiltersNamingTwoAggregatesAreRefused(t *testing.T) {
+	for _, f := range []cli.Filter{{Job: 1, Pool: "linux"}, {Pool: "linux", Host: "h"}, {Job: 1, Attempt: "berth-1-1"}} {
+		if err := f.Validate(); err == nil {
+			t.Errorf("%+v accepted, want refused", f)
+		}
+	}
+	for _, f := range []cli.Filter{{}, {Job: 1}, {Attempt: "berth-1-1", Host: "h"}, {Host: "h"}} {
+		if err := f.Validate(); err != nil {
+			t.Errorf("%+v refused: %v", f, err)
+		}
+	}
+}

@@ -20,6 +20,29 @@ type Filter struct {
 	Attempt string
 }
 
+// Validate refuses filters that name two aggregates at once (a job and a
+// pool, say): their facts live on different subjects, so no fact is in both.
+// A host may narrow an attempt.
+func (f Filter) Validate() error {
+	var named []string
+	if f.Job != 0 {
+		named = append(named, "--job")
+	}
+	if f.Pool != "" {
+		named = append(named, "--pool")
+	}
+	if f.Host != "" && f.Attempt == "" {
+		named = append(named, "--host")
+	}
+	if f.Attempt != "" {
+		named = append(named, "--attempt")
+	}
+	if len(named) > 1 {
+		return fmt.Errorf("%s name different aggregates and no fact belongs to both: give one (--host may narrow --attempt)", strings.Join(named, " and "))
+	}
+	return nil
+}
+
 // Subjects turns the filter into NATS subject filters (the same ones an
 // operator would give `nats sub`).
 func (f Filter) Subjects() []string {

@@ -252,6 +252,9 @@ func eventsCmd(natsURL *string) *cobra.Command {
   berth events --pool macos --follow
   berth events --attempt berth-4242-1 --json`,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := f.Validate(); err != nil {
+				return usageError{err}
+			}
 			closeNC, js, err := run.JetStream(*natsURL)
 			if err != nil {
 				return natsError{err}

@@ -149,7 +149,9 @@ func TestHungStopsHoldPhysicalCapacitySoTheNextJobWaitsOrGoesToAnotherHost(t *te
 	}
 
 	w.release("host-a", "")
-	w.await("host-a empty after the late stops", 20*time.Second, func() bool {
+	// The stops back off (200 ms doubling, up to 12.8 s here): the next try
+	// after the release may be that far away.
+	w.await("host-a empty after the late stops", 30*time.Second, func() bool {
 		h := hostStatus(w.status(), "host-a")
 		return withinCap() && h.LiveVMs == 0 && h.AbandonedVMs == 0 && len(w.vms("host-a")) == 0
 	})

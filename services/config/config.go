@@ -53,6 +53,10 @@ type NATS struct {
 	MaxBytes ByteSize `yaml:"max_bytes"`
 	// MaxMsgs caps the number of facts; 0, the default, means no cap.
 	MaxMsgs int64 `yaml:"max_msgs"`
+	// CredsFile is a NATS credentials file (user JWT and seed, as `nsc
+	// generate creds` writes it) to connect with; empty means none.
+	// `berth agent --nats-creds` overrides it.
+	CredsFile string `yaml:"creds_file"`
 }
 
 // StreamMaxAge is MaxAge, 0 (no limit) when unset.
@@ -228,10 +232,79 @@ type Pool struct {
 	Slots  int      `yaml:"slots"`
 }
 
-// Backend selects and configures the VM backend.
+// Backend selects and configures the VM backend. Kind may be left out when
+// exactly one backend section is given (`backend: {ec2: {...}}`).
 type Backend struct {
-	Kind string `yaml:"kind"` // "exec"
+	Kind string `yaml:"kind"` // "exec" (the default) or "ec2"
 	Exec Exec   `yaml:"exec"`
+	EC2  EC2    `yaml:"ec2"`
+}
+
+// EC2 launches one instance per attempt through the EC2 API (see the ec2
+// backend, services/vmagent/backends/ec2). One agent drives one fleet: every
+// instance it launches is tagged berth:fleet=Fleet, and its inventory and
+// orphan sweep see only that fleet's instances.
+type EC2 struct {
+	// Region is the AWS region, e.g. us-east-1 (required).
+	Region string `yaml:"region"`
+	// Endpoint overrides the EC2 endpoint URL (a VPC endpoint, or a fake
+	// in tests); empty means the region's public endpoint.
+	Endpoint string `yaml:"endpoint"`
+	// Profile names a shared-config profile (~/.aws/config); empty means
+	// the default credential chain (environment, instance role, ...).
+	Profile string `yaml:"profile"`
+	// LaunchTemplate (id or name, and version) and/or AMI say what to boot;
+	// at least one is required. With both, AMI overrides the template's
+	// image.
+	LaunchTemplate EC2LaunchTemplate `yaml:"launch_template"`
+	AMI            string            `yaml:"ami"`
+	// InstanceTypes in order of preference; required without a launch
+	// template. Subnets (in different zones) are tried in order for each
+	// type; empty means the template's or the default VPC's.
+	InstanceTypes []string `yaml:"instance_types"`
+	Subnets       []string `yaml:"subnets"`
+	// SecurityGroups are security group ids (sg-...), for launches without
+	// a template that sets them.
+	SecurityGroups []string `yaml:"security_groups"`
+	// Spot: "" (on-demand only), "prefer" (spot, then on-demand when no spot
+	// capacity is found) or "only". SpotMaxPrice, optional, is USD per hour.
+	Spot         string `yaml:"spot"`
+	SpotMaxPrice string `yaml:"spot_max_price"`
+	// Fleet is the berth:fleet tag value (default: the agent's host).
+	Fleet string `yaml:"fleet"`
+	// Tags are extra tags on every instance and volume (keys may not start
+	// with aws: or berth:).
+	Tags map[string]string `yaml:"tags"`
+	// UserData is a text/template for the instance's user data, or
+	// UserDataFile the path of one; empty means the backend's default
+	// (a shell script that starts /home/runner/actions-runner/run.sh with
+	// the JIT config). See the ec2 backend for the fields it gets.
+	UserData     string `yaml:"user_data"`
+	UserDataFile string `yaml:"user_data_file"`
+	// MaxAttempts per API call (SDK retries for throttling and 5xx, default
+	// 5) and MaxBackoff between them (default 20s).
+	MaxAttempts int           `yaml:"max_attempts"`
+	MaxBackoff  time.Duration `yaml:"max_backoff"`
+	// CreateTimeout, StopTimeout and RetryBase mean what they mean for exec.
+	CreateTimeout time.Duration `yaml:"create_timeout"`
+	StopTimeout   time.Duration `yaml:"stop_timeout"`
+	RetryBase     time.Duration `yaml:"retry_base"`
+}
+
+// EC2LaunchTemplate names a launch template by ID or Name, and its Version:
+// a number, $Latest or $Default (the default).
+type EC2LaunchTemplate struct {
+	ID      string `yaml:"id"`
+	Name    string `yaml:"name"`
+	Version string `yaml:"version"`
+}
+
+// IsZero reports whether no ec2 setting was given.
+func (e EC2) IsZero() bool {
+	return e.Region == "" && e.Endpoint == "" && e.Profile == "" && e.LaunchTemplate == (EC2LaunchTemplate{}) && e.AMI == "" &&
+		len(e.InstanceTypes) == 0 && len(e.Subnets) == 0 && len(e.SecurityGroups) == 0 && e.Spot == "" && e.SpotMaxPrice == "" &&
+		e.Fleet == "" && len(e.Tags) == 0 && e.UserData == "" && e.UserDataFile == "" && e.MaxAttempts == 0 && e.MaxBackoff == 0 &&
+		e.CreateTimeout == 0 && e.StopTimeout == 0 && e.RetryBase == 0
 }
 
 // Exec runs operator commands for each lifecycle step (see the exec backend).
@@ -311,9 +384,21 @@ func (c *Config) Defaults() {
 		a := &c.Agents[i]
 		or(&a.Heartbeat, 5*time.Second)
 		or(&a.ShutdownTimeout, 10*time.Minute)
+		if a.Backend.Kind == "" && !a.Backend.EC2.IsZero() && len(a.Backend.Exec.Create)+len(a.Backend.Exec.Stop) == 0 {
+			a.Backend.Kind = "ec2"
+		}
 		or(&a.Backend.Kind, "exec")
 		or(&a.Backend.Exec.CreateTimeout, 5*time.Minute)
 		or(&a.Backend.Exec.StopTimeout, 2*time.Minute)
+		if a.Backend.Kind == "ec2" {
+			e := &a.Backend.EC2
+			or(&e.Fleet, a.Host)
+			or(&e.LaunchTemplate.Version, "$Default")
+			or(&e.MaxAttempts, 5)
+			or(&e.MaxBackoff, 20*time.Second)
+			or(&e.CreateTimeout, 5*time.Minute)
+			or(&e.StopTimeout, 2*time.Minute)
+		}
 		if a.PhysicalCap == 0 {
 			for _, p := range a.Pools {
 				a.PhysicalCap += p.Slots
@@ -362,10 +447,21 @@ func (c *Config) Validate() error {
 				bad("agents[%d].pools.%s: needs slots >= 1 and at least one label", i, name)
 			}
 		}
-		if a.Backend.Kind != "exec" {
-			bad("agents[%d].backend.kind %q: this build supports exec", i, a.Backend.Kind)
-		} else if len(a.Backend.Exec.Create) == 0 || len(a.Backend.Exec.Stop) == 0 {
-			bad("agents[%d].backend.exec: create and stop commands are required (see deploy/exec/)", i)
+		switch a.Backend.Kind {
+		case "exec":
+			if len(a.Backend.Exec.Create) == 0 || len(a.Backend.Exec.Stop) == 0 {
+				bad("agents[%d].backend.exec: create and stop commands are required (see deploy/exec/)", i)
+			}
+			if !a.Backend.EC2.IsZero() {
+				bad("agents[%d].backend: kind is exec but an ec2 section is given: remove one, or set kind: ec2", i)
+			}
+		case "ec2":
+			if len(a.Backend.Exec.Create)+len(a.Backend.Exec.Stop)+len(a.Backend.Exec.List) > 0 {
+				bad("agents[%d].backend: kind is ec2 but exec commands are given: an agent runs one backend, remove one", i)
+			}
+			a.Backend.EC2.validate(fmt.Sprintf("agents[%d].backend.ec2", i), bad)
+		default:
+			bad("agents[%d].backend.kind %q: use exec or ec2", i, a.Backend.Kind)
 		}
 	}
 	return errors.Join(errs...)

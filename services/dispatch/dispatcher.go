@@ -71,9 +71,6 @@ type Dispatcher struct {
 
 	fleet        *events.Fleet
 	pending      map[string]time.Time // event or mint ids in flight → when
-	// round chains this Decide's own appends to a pool's ledger, one after
-	// the other (the plan already counts them); nil outside Decide.
-	round map[string]uint64
 	lastCompact  time.Time
 	warnedUntil  time.Time
 	lastObserve  time.Time
@@ -144,8 +141,6 @@ func (d *Dispatcher) inFlight(id string, now time.Time) bool {
 func (d *Dispatcher) Decide(ctx context.Context) {
 	now := d.opts.Now()
 	plan := Decide(d.fleet, d.opts.Params)
-	d.round = map[string]uint64{}
-	defer func() { d.round = nil }()
 	for _, r := range plan.Release {
 		crashpoint.Hit(crashpoint.DispatcherBeforeRelease)
 		if d.appendPool(ctx, now, r, r.Pool) == nil {
@@ -233,17 +228,11 @@ func (d *Dispatcher) rateLimited(now time.Time) (bool, time.Time) {
 
 // appendPool appends to a pool's ledger with optimistic concurrency: it
 // succeeds only if nobody, this dispatcher included, wrote to the ledger
-// since the fold last saw it. Within one Decide the plan's own appends chain
-// onto each other (the plan counted them); across rounds they do not: until
-// the fold has folded them back, a booking would rest on a fold that does
-// not count them, and the check is what stops it from over-booking.
+// since the fold last saw it.
 func (d *Dispatcher) appendPool(ctx context.Context, now time.Time, p events.Payload, pool string) error {
 	var expect uint64
 	if seq := d.fleet.Pools[pool]; seq != nil {
 		expect = seq.LastSeq
-	}
-	if s, ok := d.round[pool]; ok {
-		expect = s
 	}
 	return d.append(ctx, now, p, &expect)
 }
@@ -261,11 +250,32 @@ func (d *Dispatcher) append(ctx context.Context, now time.Time, p events.Payload
 		return err
 	}
 	d.pending[ev.ID] = now
-	if expect != nil && d.round != nil {
-		d.round[poolOf(p)] = seq // the next append of this round chains onto this one
+	if expect != nil {
+		d.foldOwn(ev, seq)
 	}
 	d.opts.Logger.Debug("appended", "event", ev.ID, "type", ev.Type(), "seq", seq)
 	return nil
+}
+
+// foldOwn folds a ledger fact this dispatcher just stored, before it comes
+// back through the consumer. The expected-sequence check proved nothing
+// else reached the ledger in between, so the fold then holds the whole
+// ledger up to seq and the next booking, in this round or the next, both
+// counts this one and chains onto it. (Chaining the sequence without
+// folding the fact let a booking through on a fold that did not count the
+// one before it: over-booking.) The fold is idempotent, so the delivery
+// that follows changes nothing.
+func (d *Dispatcher) foldOwn(ev events.Event, seq uint64) {
+	b, err := events.Marshal(ev)
+	if err != nil {
+		return
+	}
+	stored, err := events.Unmarshal(b, seq) // the payload as the log gives it back
+	if err != nil {
+		return
+	}
+	stored.Seq, stored.Subject = seq, ev.Subject
+	d.fleet.Apply(stored)
 }
 
 func poolOf(p events.Payload) string {
@@ -374,12 +384,18 @@ func (d *Dispatcher) reconcile(ctx context.Context, now time.Time) {
 	for _, j := range ReconcileCandidates(d.fleet, now, r) {
 		jobs = append(jobs, *j)
 	}
-	if len(jobs) == 0 {
+	lister, _ := d.minter.(QueuedLister)
+	var repos [][2]string
+	if lister != nil {
+		repos = ReconcileRepos(d.fleet)
+	}
+	if len(jobs) == 0 && len(repos) == 0 {
 		return
 	}
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
+		defer d.findQueued(ctx, lister, repos, r.Limit)
 		for _, j := range jobs {
 			cctx, cancel := context.WithTimeout(ctx, d.opts.MintTimeout)
 			s, err := d.minter.JobState(cctx, j.Org, j.Repo, j.ID)
@@ -429,14 +445,18 @@ func (d *Dispatcher) deregister(ctx context.Context, now time.Time, a *events.At
 		defer cancel()
 		err := d.minter.Deregister(dctx, runnerID, org, repo)
 		d.Loop.Post(ctx, func() {
-			delete(d.pending, key)
 			switch {
 			case errors.Is(err, ErrRunnerBusy):
+				delete(d.pending, key)
 				logger.Info("runner is running a job; leaving it (its in_progress webhook is on the way)")
 				d.busy[ref.Attempt] = d.opts.Now().Add(busyFor)
 			case err != nil:
+				delete(d.pending, key)
 				logger.Warn("could not deregister a surplus runner; will retry", "err", err)
 			default:
+				// Still in flight until the fold shows the fact below: a
+				// decision taken before that must not call DELETE again.
+				d.pending[key] = d.opts.Now()
 				d.append(ctx, d.opts.Now(), events.AttemptDeregistered{AttemptRef: ref, RunnerID: runnerID}, nil)
 				if cur := d.fleet.Attempts[ref.Attempt]; cur != nil && cur.Held() && d.fleet.BoundJob(ref.Attempt) == 0 {
 					logger.Info("surplus runner deregistered; releasing its slot")

@@ -138,3 +138,29 @@ func TestAStaleWaitingAfterQueuedKeepsTheDemand(t *testing.T) {
 		t.Fatalf("booked again: %+v", plan.Reserve)
 	}
 }
+
+// BL-17, in part: GitHub reports a second job in progress on a runner that
+// already runs one. The runner's VM is bound to its first job: the second
+// in_progress neither tears it down nor moves its binding, and it is
+// stopped only when the first job completes, with one release. (Not done:
+// BL-17's "job.conflict" fact and a VM of its own for the second job; Berth
+// takes GitHub's in_progress as the job being taken.)
+func TestASecondJobOnABusyRunnerDoesNotStopItsVM(t *testing.T) {
+	l := given(t).add(host("h-a", 3, 3)).add(running(1, "h-a")...).add(queued(2))
+	l.react()
+	l.add(inProgress(2, attempt(1, 1)))
+	l.react()
+	a := l.f.Attempts[attempt(1, 1)]
+	if !a.Held() || a.TeardownReq || l.f.BoundJob(a.ID) != 1 {
+		t.Fatalf("after a second in_progress on its runner: held %v, teardown %v, bound to %d; want held, running job 1",
+			a.Held(), a.TeardownReq, l.f.BoundJob(a.ID))
+	}
+	l.add(completed(1, attempt(1, 1), "success"))
+	l.react()
+	if !a.TeardownReq || a.Held() {
+		t.Fatalf("job 1 completed: teardown %v, held %v; want the VM stopped and its slot back", a.TeardownReq, a.Held())
+	}
+	if vs := l.f.Check(); len(vs) > 0 {
+		t.Fatalf("invariants: %v", vs)
+	}
+}

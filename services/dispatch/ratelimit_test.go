@@ -129,3 +129,44 @@ func TestAForbiddenForPermissionsIsNotARateLimit(t *testing.T) {
 		t.Error("a permissions 403 was taken for a rate limit")
 	}
 }
+
+// RateLimited tells the dispatcher to give a booking back rather than count
+// a failed mint: true for GitHub's three rate-limit answers (recorded), false
+// for a permissions 403, a 5xx or a transport error.
+func TestRateLimitedRecognisesTheThreeShapes(t *testing.T) {
+	now := time.Now()
+	mintErr := func(r recorded) error {
+		t.Helper()
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			for k, v := range r.header {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(r.status)
+			w.Write([]byte(r.body))
+		}))
+		defer srv.Close()
+		gh, err := dispatch.NewGitHubClient(srv.URL, "t", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := &dispatch.GitHubMinter{Client: gh, Scope: "org", Org: "example-org"}
+		_, _, err = m.Mint(t.Context(), dispatch.MintRequest{RunnerName: "berth-1-1", Labels: []string{"self-hosted"}})
+		return err
+	}
+	primary := loadRecorded(t, "error.403.primary-rate-limit.go-github-test.json", now)
+	primary.header.Set("X-RateLimit-Reset", strconv.FormatInt(now.Add(time.Minute).Unix(), 10))
+	for name, c := range map[string]struct {
+		r    recorded
+		want bool
+	}{
+		"primary 403":     {primary, true},
+		"secondary 403":   {loadRecorded(t, "error.403.secondary-rate-limit.recorded.wiremock.json", now), true},
+		"429":             {loadRecorded(t, "error.429.secondary-rate-limit.recorded.wiremock.json", now), true},
+		"permissions 403": {recorded{status: 403, header: http.Header{"X-Ratelimit-Remaining": {"4999"}}, body: `{"message":"Resource not accessible by integration"}`}, false},
+		"502":             {recorded{status: 502, body: `{"message":"Server Error"}`}, false},
+	} {
+		if got := dispatch.RateLimited(mintErr(c.r)); got != c.want {
+			t.Errorf("%s: RateLimited %v, want %v", name, got, c.want)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/google/go-github/v62/github"
 )
 
 // JobState is what the REST API says of one job (GET
@@ -93,4 +94,135 @@ func (m *GitHubMinter) JobState(ctx context.Context, owner, repo string, id int6
 		return JobState{}, fmt.Errorf("get job %d: %w", id, err)
 	}
 	return JobState{Status: j.GetStatus(), Conclusion: j.GetConclusion(), RunnerName: j.GetRunnerName(), RunnerID: j.GetRunnerID()}, nil
+}
+
+// QueuedJob is a job the REST API lists as queued.
+type QueuedJob struct {
+	ID, RunID, RunAttempt int64
+	Org, Repo, Name       string
+	Labels                []string
+}
+
+// QueuedLister is implemented by a Minter that can list a repository's
+// queued jobs: how the reconcile poll finds a job whose queued webhook
+// GitHub never even tried to deliver.
+type QueuedLister interface {
+	QueuedJobs(ctx context.Context, owner, repo string, runs int) ([]QueuedJob, error)
+}
+
+// ReconcileRepos is the repositories the poll searches for queued jobs:
+// every owner/repo a job in the fold names, sorted.
+func ReconcileRepos(f *events.Fleet) [][2]string {
+	seen := map[[2]string]bool{}
+	var out [][2]string
+	for _, j := range f.Jobs {
+		k := [2]string{j.Org, j.Repo}
+		if j.Org == "" || j.Repo == "" || seen[k] {
+			continue
+		}
+		seen[k] = true
+		out = append(out, k)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a][0]+"/"+out[a][1] < out[b][0]+"/"+out[b][1] })
+	return out
+}
+
+// UnknownQueued turns the listed queued jobs the fold does not know into
+// the facts their lost queued webhooks would have carried (no delivery id:
+// the fact's id is job-<id>-queued, so finding a job twice stores it once).
+// It is pure.
+func UnknownQueued(f *events.Fleet, jobs []QueuedJob) []events.JobQueued {
+	var out []events.JobQueued
+	for _, q := range jobs {
+		if q.ID <= 0 || f.Jobs[q.ID] != nil {
+			continue
+		}
+		labels := q.Labels
+		if labels == nil {
+			labels = []string{}
+		}
+		out = append(out, events.JobQueued{JobRef: events.JobRef{JobID: q.ID, RunID: q.RunID, RunAttempt: q.RunAttempt,
+			Org: q.Org, Repo: q.Repo, Name: q.Name, Labels: labels}})
+	}
+	return out
+}
+
+// QueuedJobs implements QueuedLister: GET /repos/{o}/{r}/actions/runs with
+// status queued, then in_progress (a run in progress can hold queued jobs),
+// and GET …/runs/{run_id}/jobs for at most runs runs; the jobs listed
+// queued are returned.
+func (m *GitHubMinter) QueuedJobs(ctx context.Context, owner, repo string, runs int) ([]QueuedJob, error) {
+	var out []QueuedJob
+	read := 0
+	for _, status := range []string{"queued", "in_progress"} {
+		list, resp, err := m.Client.Actions.ListRepositoryWorkflowRuns(ctx, owner, repo,
+			&github.ListWorkflowRunsOptions{Status: status, ListOptions: github.ListOptions{PerPage: 100}})
+		m.observe(resp, err)
+		if err != nil {
+			return out, fmt.Errorf("list %s runs of %s/%s: %w", status, owner, repo, err)
+		}
+		for _, run := range list.WorkflowRuns {
+			if read >= runs {
+				return out, nil
+			}
+			read++
+			jobs, resp, err := m.Client.Actions.ListWorkflowJobs(ctx, owner, repo, run.GetID(),
+				&github.ListWorkflowJobsOptions{Filter: "latest", ListOptions: github.ListOptions{PerPage: 100}})
+			m.observe(resp, err)
+			if err != nil {
+				return out, fmt.Errorf("list jobs of run %d: %w", run.GetID(), err)
+			}
+			for _, j := range jobs.Jobs {
+				if j.GetStatus() == "queued" {
+					out = append(out, QueuedJob{ID: j.GetID(), RunID: j.GetRunID(), RunAttempt: j.GetRunAttempt(),
+						Org: owner, Repo: repo, Name: j.GetName(), Labels: j.Labels})
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+func (m *GitHubMinter) observe(resp *github.Response, err error) {
+	if m.Budget == nil {
+		return
+	}
+	var hr *http.Response
+	if resp != nil {
+		hr = resp.Response
+	}
+	m.Budget.Observe(hr, err, time.Now())
+}
+
+// findQueued runs off the loop: it lists each repository's queued jobs
+// (at most limit runs read a round in all) and appends, from the loop, a
+// queued fact for each job the fold does not know. A failed read changes
+// nothing (law 7).
+func (d *Dispatcher) findQueued(ctx context.Context, lister QueuedLister, repos [][2]string, limit int) {
+	if limit <= 0 {
+		limit = 20
+	}
+	var found []QueuedJob
+	for _, rp := range repos {
+		if blocked, _ := d.rateLimited(time.Now()); blocked || limit <= 0 {
+			break
+		}
+		cctx, cancel := context.WithTimeout(ctx, d.opts.MintTimeout)
+		jobs, err := lister.QueuedJobs(cctx, rp[0], rp[1], limit)
+		cancel()
+		limit -= len(jobs) + 1
+		if err != nil {
+			d.opts.Logger.Debug("queued jobs not listed; nothing changes on a failed read", "org", rp[0], "repo", rp[1], "err", err)
+		}
+		found = append(found, jobs...)
+	}
+	if len(found) == 0 {
+		return
+	}
+	d.Loop.Post(ctx, func() {
+		for _, q := range UnknownQueued(d.fleet, found) {
+			d.opts.Logger.Warn("a queued job no webhook told of; the API lists it", "job", q.JobID, "org", q.Org, "repo", q.Repo)
+			_ = d.append(ctx, d.opts.Now(), q, nil)
+		}
+	})
 }

@@ -152,3 +152,34 @@ func TestGitHubRedelivererCallsTheHooksEndpoints(t *testing.T) {
 		mu.Unlock()
 	}
 }
+
+// The reconcile poll's search for jobs no webhook told of: it searches
+// every repository a job in the fold names, and a listed queued job becomes
+// a queued fact only when the fold does not know the job (a job the log
+// knows, in whatever state, is left to its own facts).
+func TestThePollStoresOnlyQueuedJobsTheLogDoesNotKnow(t *testing.T) {
+	l := given(t).add(queued(1), completed(2, "", "cancelled"))
+	for _, j := range l.f.Jobs {
+		j.Org, j.Repo = "example-org", "example-repo"
+	}
+	if repos := dispatch.ReconcileRepos(l.f); len(repos) != 1 || repos[0] != [2]string{"example-org", "example-repo"} {
+		t.Fatalf("repos %v", repos)
+	}
+	listed := []dispatch.QueuedJob{
+		{ID: 1, Org: "example-org", Repo: "example-repo"},
+		{ID: 2, Org: "example-org", Repo: "example-repo"},
+		{ID: 3, RunID: 30, Org: "example-org", Repo: "example-repo", Name: "build", Labels: []string{"self-hosted", "linux"}},
+	}
+	got := dispatch.UnknownQueued(l.f, listed)
+	if len(got) != 1 || got[0].JobID != 3 || got[0].RunID != 30 || got[0].Delivery != "" || got[0].EventID() != "job-3-queued" {
+		t.Fatalf("facts %+v, want one for job 3, keyed job-3-queued", got)
+	}
+	l.add(&got[0])
+	if plan := l.add(host("h-a", 1, 1)).decide(); len(plan.Reserve) != 1 || plan.Reserve[0].JobID != 1 {
+		// job 1 is older demand and the host has one slot
+		t.Fatalf("reserve %+v", plan.Reserve)
+	}
+	if j := l.f.Jobs[3]; j == nil || !j.Demand() {
+		t.Fatal("the found job is not demand")
+	}
+}

@@ -25,6 +25,7 @@ import (
 	"github.com/berth-ci/berth/services/httpx"
 	"github.com/berth-ci/berth/services/vmagent"
 	"github.com/berth-ci/berth/services/vmagent/backend"
+	"github.com/berth-ci/berth/services/vmagent/backends/ec2"
 	"github.com/berth-ci/berth/services/vmagent/backends/exec"
 	"github.com/berth-ci/berth/services/watchdog"
 	"github.com/nats-io/nats-server/v2/server"
@@ -162,7 +163,11 @@ func ensureStream(ctx context.Context, cfg *config.Config, js jetstream.JetStrea
 
 // connect dials NATS for one service and makes sure the stream exists.
 func connect(ctx context.Context, cfg *config.Config, name string) (*nats.Conn, jetstream.JetStream, error) {
-	nc, js, err := eventlog.Connect(cfg.NATS.URL, name, eventlog.WaitForServer)
+	opts := []nats.Option{eventlog.WaitForServer}
+	if cfg.NATS.CredsFile != "" {
+		opts = append(opts, nats.UserCredentials(cfg.NATS.CredsFile))
+	}
+	nc, js, err := eventlog.Connect(cfg.NATS.URL, name, opts...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -443,9 +448,19 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 	return w, addr, nil
 }
 
-// Agent starts one host's vmagent, with the exec backend its config
+// Agent starts one host's vmagent, with the backend (exec or ec2) its config
 // describes, and its HTTP endpoints.
 func Agent(ctx context.Context, s *System, cfg *config.Config, ac config.Agent, logger *slog.Logger) (string, error) {
+	if ac.Backend.Kind == "ec2" {
+		be, err := ec2.FromConfig(ctx, ac.Backend.EC2, logger.With("service", "vmagent", "backend", "ec2"))
+		if err != nil {
+			return "", err
+		}
+		// AgentWith reads the step deadlines from the exec section.
+		e := ac.Backend.EC2
+		ac.Backend.Exec.CreateTimeout, ac.Backend.Exec.StopTimeout, ac.Backend.Exec.RetryBase = e.CreateTimeout, e.StopTimeout, e.RetryBase
+		return AgentWith(ctx, s, cfg, ac, be, logger)
+	}
 	be := exec.New(ac.Backend.Exec.Create, ac.Backend.Exec.Stop, ac.Backend.Exec.Env).
 		WithList(ac.Backend.Exec.List, filepath.Join(cfg.DataDir, "agents", ac.Host, "attempts"))
 	return AgentWith(ctx, s, cfg, ac, be, logger)

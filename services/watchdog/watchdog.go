@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/berth-ci/berth/events"
@@ -35,8 +36,12 @@ type Watchdog struct {
 	// (nats.replicas), as the agents create it. 0 means 1.
 	HeartbeatReplicas int
 
-	fleet       *events.Fleet
-	heartbeats  map[string]time.Time
+	fleet      *events.Fleet
+	heartbeats map[string]time.Time
+	// unheard is the last time the heartbeat bucket did not answer: no
+	// silence before it counts against a host (law 7).
+	unheard     time.Time
+	watched     atomic.Int64         // when the heartbeat watcher last delivered anything (unix ns)
 	pending     map[string]time.Time // condition key → when its fact was appended
 	pendingKey  map[string]string    // event id → condition key, until folded
 	lastCompact time.Time
@@ -109,6 +114,8 @@ func (w *Watchdog) Run(ctx context.Context) error {
 	if err := w.loadHeartbeats(ctx, kv); err != nil {
 		return fmt.Errorf("read heartbeats before judging hosts: %w", err)
 	}
+	w.wg.Add(1)
+	go w.probeHeartbeats(ctx, kv)
 	watcher, err := kv.WatchAll(ctx)
 	if err != nil {
 		return err
@@ -128,6 +135,7 @@ func (w *Watchdog) Run(ctx context.Context) error {
 				if e == nil || e.Operation() != jetstream.KeyValuePut {
 					continue
 				}
+				w.watched.Store(time.Now().UnixNano())
 				var hb struct {
 					At time.Time `json:"at"`
 				}
@@ -142,7 +150,84 @@ func (w *Watchdog) Run(ctx context.Context) error {
 	return w.Loop.Run(ctx, w)
 }
 
+// probeKey is the heartbeat bucket key the watchdog writes to see whether
+// the bucket takes writes (no host is named so: host names hold no dot).
+const probeKey = "watchdog.probe"
+
+// probeHeartbeats asks the heartbeat bucket every second whether it
+// answers. While it does not (its NATS node is down, its replicas elect a
+// leader, the watchdog is cut off), the agents' heartbeats cannot be stored
+// or read, so their silence says nothing about the hosts; once it answers
+// again every heartbeat is read afresh, since the watcher may lag behind.
+func (w *Watchdog) probeHeartbeats(ctx context.Context, kv jetstream.KeyValue) {
+	defer w.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	failed := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		// A write, as the agents' heartbeats are: a replica that lost its
+		// quorum still answers reads.
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := kv.Put(pctx, probeKey, []byte("watchdog probe"))
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			failed = true
+			at := time.Now()
+			w.Loop.Post(ctx, func() { w.unheard = at })
+		case failed || time.Since(time.Unix(0, w.watched.Load())) > 3*time.Second:
+			// Back after a failure, or the watcher has not even shown this
+			// probe's writes (it lags or re-subscribes after an outage):
+			// read every heartbeat from the bucket itself.
+			recovered := failed
+			failed = false
+			fresh := map[string]time.Time{}
+			if w.readHeartbeats(ctx, kv, fresh) == nil {
+				at := time.Now()
+				w.Loop.Post(ctx, func() {
+					for host, hb := range fresh {
+						if hb.After(w.heartbeats[host]) {
+							w.heartbeats[host] = hb
+						}
+					}
+					if recovered {
+						w.unheard = at
+					}
+				})
+			}
+		}
+	}
+}
+
+// heard is the heartbeats as Decide should judge them: a host's silence
+// counts only from the last time the bucket did not answer.
+func (w *Watchdog) heard(now time.Time) map[string]time.Time {
+	if w.unheard.IsZero() || now.Sub(w.unheard) > w.params.HostTTL {
+		return w.heartbeats
+	}
+	hb := make(map[string]time.Time, len(w.fleet.Hosts))
+	for name := range w.fleet.Hosts {
+		hb[name] = w.unheard
+		if at := w.heartbeats[name]; at.After(w.unheard) {
+			hb[name] = at
+		}
+	}
+	return hb
+}
+
 func (w *Watchdog) loadHeartbeats(ctx context.Context, kv jetstream.KeyValue) error {
+	return w.readHeartbeats(ctx, kv, w.heartbeats)
+}
+
+// readHeartbeats reads every heartbeat in the bucket into into.
+func (w *Watchdog) readHeartbeats(ctx context.Context, kv jetstream.KeyValue, into map[string]time.Time) error {
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	keys, err := kv.ListKeys(lctx)
@@ -158,7 +243,7 @@ func (w *Watchdog) loadHeartbeats(ctx context.Context, kv jetstream.KeyValue) er
 			At time.Time `json:"at"`
 		}
 		if json.Unmarshal(e.Value(), &hb) == nil {
-			w.heartbeats[key] = hb.At
+			into[key] = hb.At
 		}
 	}
 	return nil
@@ -181,7 +266,7 @@ func (w *Watchdog) Apply(d eventlog.Delivered) {
 // Decide implements eventlog.Reactor. Releases go first (law 2).
 func (w *Watchdog) Decide(ctx context.Context) {
 	now := w.now()
-	plan := Decide(w.fleet, now, w.heartbeats, w.params)
+	plan := Decide(w.fleet, now, w.heard(now), w.params)
 	conflicted := map[string]bool{}
 	for _, r := range plan.Release {
 		if conflicted[r.Pool] {

@@ -9,11 +9,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/config"
+	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/tests/ghsim"
 )
 
@@ -62,19 +64,23 @@ func TestALostWebhookIsServedAfterARedeliveryAndAStoredOneIsNotRedelivered(t *te
 		t.Fatalf("the lost delivery reached the dispatcher: %+v", d)
 	}
 
+	w.await("job 1 is served after the redelivery", 45*time.Second, w.jobIs(j1, ghsim.StatusCompleted))
+	w.await("job 1's queued fact is stored", 10*time.Second, func() bool { return len(w.jobFacts(events.TypeJobQueued, j1)) > 0 })
+	if q := w.jobFacts(events.TypeJobQueued, j1); len(q) != 1 || q[0].Data.(*events.JobQueued).Delivery != lost {
+		t.Fatalf("job 1's queued facts %v, want one, from the redelivered %s", q, lost)
+	}
+	if r := w.job(j1).RunnerName; r != events.AttemptID(j1, 1) {
+		t.Fatalf("job 1 ran on %q, want its own first attempt", r)
+	}
+
 	sim.TimeOutDeliveries(func(d ghsim.DeliveryView) bool { return d.Action == "queued" && !d.Redelivery })
 	j2 := w.enqueue(linuxLabels, 200*time.Millisecond)
 	late := w.delivery(j2, "queued", false)
 	w.await("job 2's queued delivery is stored, yet listed as failed", 10*time.Second, func() bool {
 		return w.deliveryOf(late).Done && len(w.jobFacts(events.TypeJobQueued, j2)) == 1
 	})
-
-	w.await("job 1 is served after the redelivery", 45*time.Second, w.jobIs(j1, ghsim.StatusCompleted))
 	w.await("job 2 is served", 30*time.Second, w.jobIs(j2, ghsim.StatusCompleted))
-	q := w.jobFacts(events.TypeJobQueued, j1)
-	if len(q) != 1 || q[0].Data.(*events.JobQueued).Delivery != lost {
-		t.Fatalf("job 1's queued facts %v, want one, from the redelivered %s", q, lost)
-	}
+	w.caughtUp()
 	rounds := sim.APICalls()[ghsim.RouteHookDeliveriesApp]
 	w.await("three more reconcile rounds", 20*time.Second, func() bool {
 		return sim.APICalls()[ghsim.RouteHookDeliveriesApp] >= rounds+3
@@ -126,6 +132,7 @@ func TestARedeliveredAndARepeatedWebhookCreateNoSecondVM(t *testing.T) {
 		return n == 2
 	})
 	w.await("the VM is stopped", 10*time.Second, w.has(events.TypeAttemptStopped, a))
+	w.caughtUp()
 	if n := len(w.jobFacts(events.TypeSlotReserved, j)); n != 1 {
 		t.Errorf("%d slots booked for one job, want 1", n)
 	}
@@ -188,6 +195,7 @@ func TestRunnersThatSwapJobsEachCompletionStopsTheVMThatRanIt(t *testing.T) {
 		t.Fatalf("job 1 ended %s, want success: its VM was stopped under it", v.Conclusion)
 	}
 	w.awaitFact(events.TypeAttemptTeardownRequested, a2, 5*time.Second)
+	w.caughtUp()
 	for a, job := range map[string]int64{a1: j2, a2: j1} {
 		rel := w.facts(events.TypeSlotReleased, a)
 		if len(rel) != 1 || rel[0].Data.(*events.SlotReleased).Reason != events.ReleaseCompleted {
@@ -237,9 +245,14 @@ func TestARateLimitedMintKeepsTheJobAsDemandAndServesItAfterTheReset(t *testing.
 			}
 			w.await("the job is served after the wait", 40*time.Second, w.jobIs(j, ghsim.StatusCompleted))
 			reasons := map[string]int{}
-			for _, e := range w.jobFacts(events.TypeSlotReleased, j) {
-				reasons[e.Data.(*events.SlotReleased).Reason]++
-			}
+			w.await("the slot is released at the completion", 10*time.Second, func() bool {
+				clear(reasons)
+				for _, e := range w.jobFacts(events.TypeSlotReleased, j) {
+					reasons[e.Data.(*events.SlotReleased).Reason]++
+				}
+				return reasons[events.ReleaseCompleted] > 0
+			})
+			w.caughtUp()
 			if len(reasons) != 2 || reasons[events.ReleaseRateLimited] != 1 || reasons[events.ReleaseCompleted] != 1 {
 				t.Errorf("releases %v, want one rate_limited (the refused booking) and one completed", reasons)
 			}
@@ -255,6 +268,21 @@ func TestARateLimitedMintKeepsTheJobAsDemandAndServesItAfterTheReset(t *testing.
 			w.checkLedger()
 		})
 	}
+}
+
+// caughtUp waits until the test's copy of the log holds every fact stored
+// so far, so that counting facts after a wait sees them all.
+func (w *world) caughtUp() {
+	w.t.Helper()
+	last, err := eventlog.LastSeq(w.ctx, w.js)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.await("the test's copy of the log catches up", 10*time.Second, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return len(w.log) > 0 && w.log[len(w.log)-1].Seq >= last
+	})
 }
 
 // delivery is the id of the first delivery the simulator made for a job's
@@ -300,4 +328,78 @@ func (w *world) post(event, delivery string, body []byte) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// BL-22 (registrations left behind), and a JIT runner that never started
+// is deleted through the API: given a first attempt whose VM comes up
+// without its runner ever connecting, when the registration deadline
+// releases it, then its JIT registration, which GitHub would otherwise list
+// offline for a day, is deleted through the API (DELETE
+// /orgs/{org}/actions/runners/{id}) once, the job is served by a second
+// attempt, and no registration of Berth's is left on GitHub.
+func TestARegistrationWhoseRunnerNeverConnectedIsDeleted(t *testing.T) {
+	w := start(t, func(c *config.Config) { c.Watchdog.RegistrationTimeout = 2 * time.Second })
+	w.fault("host-a", "create-no-runner", "berth-*-1")
+	sim := w.f.Sim
+
+	j := w.enqueue(linuxLabels, 200*time.Millisecond)
+	a1 := events.AttemptID(j, 1)
+	w.await("attempt 1's runner is registered on GitHub", 10*time.Second, func() bool {
+		for _, r := range sim.Runners() {
+			if r.Name == a1 {
+				return true
+			}
+		}
+		return false
+	})
+	w.await("the job is served by attempt 2", 20*time.Second, w.jobIs(j, ghsim.StatusCompleted))
+	w.await("attempt 1's registration is deleted", 10*time.Second, func() bool {
+		for _, r := range sim.Runners() {
+			if r.Name == a1 {
+				return false
+			}
+		}
+		return true
+	})
+	w.awaitFact(events.TypeAttemptDeregistered, a1, 5*time.Second)
+	w.await("no registration is left", 10*time.Second, func() bool { return len(sim.Runners()) == 0 })
+	w.caughtUp()
+	if n := sim.APICalls()[ghsim.RouteDeleteRunnerOrg]; n != 1 {
+		t.Errorf("%d runner deletions, want 1 (attempt 1's; GitHub removes an ephemeral runner after its job)", n)
+	}
+	if n := len(w.facts(events.TypeAttemptDeregistered, a1)); n != 1 {
+		t.Errorf("attempt 1 deregistered %d times, want once", n)
+	}
+	w.checkLedger()
+}
+
+// BL-12 (variant: GitHub never sent the queued webhook at all, so there is
+// no failed delivery to redeliver either), and a job whose webhook was lost
+// is served after reconcile: given a repository Berth already knows, when a
+// job's queued webhook never arrives, then the reconcile poll lists the
+// repository's queued jobs, stores the queued fact the webhook would have
+// carried (no delivery id: its id is job-<id>-queued) and the job is served
+// with one slot, within a few reconcile rounds.
+func TestAJobWhoseQueuedWebhookNeverCameIsFoundByTheReconcilePoll(t *testing.T) {
+	w := start(t, func(c *config.Config) { c.Dispatcher.ReconcileEvery = time.Second })
+	sim := w.f.Sim
+	j0 := w.enqueue(linuxLabels, 200*time.Millisecond)
+	w.await("a first job is served as usual", 20*time.Second, w.jobIs(j0, ghsim.StatusCompleted))
+
+	sim.LoseDeliveries(func(d ghsim.DeliveryView) bool { return d.Action == "queued" })
+	j := w.enqueue(linuxLabels, 200*time.Millisecond)
+	w.await("the job is served", 20*time.Second, w.jobIs(j, ghsim.StatusCompleted))
+	w.await("its completion is stored", 10*time.Second, func() bool { return len(w.jobFacts(events.TypeJobCompleted, j)) > 0 })
+	w.caughtUp()
+	q := w.jobFacts(events.TypeJobQueued, j)
+	if len(q) != 1 || q[0].Data.(*events.JobQueued).Delivery != "" || q[0].ID != "job-"+strconv.FormatInt(j, 10)+"-queued" {
+		t.Fatalf("queued facts %v, want one from the reconcile poll", q)
+	}
+	if n := len(w.jobFacts(events.TypeSlotReserved, j)); n != 1 {
+		t.Errorf("%d slots booked, want 1", n)
+	}
+	if sim.APICalls()[ghsim.RouteListRunJobs] == 0 {
+		t.Error("the poll never read a run's jobs")
+	}
+	w.checkLedger()
 }

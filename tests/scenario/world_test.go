@@ -471,6 +471,8 @@ func attemptOf(e events.Event) string {
 		return d.Attempt
 	case *events.AttemptAbandoned:
 		return d.Attempt
+	case *events.AttemptDeregistered:
+		return d.Attempt
 	}
 	return ""
 }

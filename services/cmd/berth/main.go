@@ -182,11 +182,13 @@ func serviceCmd(name string, natsURL *string) *cobra.Command {
 }
 
 func agentCmd(natsURL *string) *cobra.Command {
-	var cfgPath, host string
+	var cfgPath, host, creds string
 	cmd := &cobra.Command{
-		Use:     "agent",
-		Short:   "Run one host's vmagent against an external NATS",
-		Example: "  berth agent --config /etc/berth/agent.yaml --host mac-mini-01",
+		Use:   "agent",
+		Short: "Run one host's vmagent against an external NATS (install it as a service: berth agent install)",
+		Example: `  berth agent --config /etc/berth/agent.yaml --host mac-mini-01
+  sudo berth agent install --config-from ./agent.yaml --creds-from ./agent.creds --host linux-01 --now`,
+		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := loadConfig(cfgPath)
 			if err != nil {
@@ -194,6 +196,9 @@ func agentCmd(natsURL *string) *cobra.Command {
 			}
 			if c.NATS.URL == "" {
 				c.NATS.URL = *natsURL
+			}
+			if creds != "" {
+				c.NATS.CredsFile = creds
 			}
 			for _, a := range c.Agents {
 				if host == "" && len(c.Agents) == 1 || a.Host == host {
@@ -211,6 +216,8 @@ func agentCmd(natsURL *string) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "/etc/berth/agent.yaml", "config file")
 	cmd.Flags().StringVar(&host, "host", "", "which agents[].host to run (needed when the file lists several)")
+	cmd.Flags().StringVar(&creds, "nats-creds", os.Getenv("BERTH_NATS_CREDS"), "NATS credentials file (overrides nats.creds_file; env BERTH_NATS_CREDS)")
+	cmd.AddCommand(agentInstallCmd(), agentUninstallCmd())
 	return cmd
 }
 

@@ -1,0 +1,238 @@
+//go:build darwin && arm64 && cgo
+
+// This is the only file that touches Virtualization.framework. It stays thin:
+// it turns a Guest into a VM configuration and maps four calls onto
+// github.com/Code-Hex/vz/v3; every decision is in vz.go, tested on any OS.
+// Build and test it on a Mac: `make vz-test`.
+
+package vz
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	vzfw "github.com/Code-Hex/vz/v3"
+	"golang.org/x/sys/unix"
+)
+
+func init() {
+	platformClone = func(src, dst string) error { return unix.Clonefile(src, dst, unix.CLONE_NOFOLLOW) }
+	platformHypervisor = func(cpus uint, memoryBytes uint64) (Hypervisor, error) {
+		return &framework{cpus: cpus, memory: memoryBytes, vms: map[string]*vzfw.VirtualMachine{}}, nil
+	}
+}
+
+// Files of a macOS guest bundle (from the base image, cloned per attempt).
+const (
+	diskImage     = "disk.img"
+	auxStorage    = "aux.img"
+	hardwareModel = "hardware-model"
+)
+
+// framework runs guests in this process; a guest dies with it, so after a
+// restart every clone is StateAbsent and Stop just removes it.
+type framework struct {
+	cpus   uint
+	memory uint64
+	mu     sync.Mutex
+	vms    map[string]*vzfw.VirtualMachine
+}
+
+func (f *framework) vm(attempt string) *vzfw.VirtualMachine {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.vms[attempt]
+}
+
+// wait runs a blocking framework call, returning early when ctx ends.
+func wait(ctx context.Context, fn func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (f *framework) Boot(ctx context.Context, g Guest) error {
+	cfg, err := f.configure(g)
+	if err != nil {
+		return err
+	}
+	vm, err := vzfw.NewVirtualMachine(cfg)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.vms[g.Attempt] = vm
+	f.mu.Unlock()
+	return wait(ctx, func() error { return vm.Start() })
+}
+
+func (f *framework) configure(g Guest) (*vzfw.VirtualMachineConfiguration, error) {
+	boot, err := vzfw.NewMacOSBootLoader()
+	if err != nil {
+		return nil, err
+	}
+	hw, err := vzfw.NewMacHardwareModelWithDataPath(filepath.Join(g.Dir, hardwareModel))
+	if err != nil {
+		return nil, fmt.Errorf("hardware model: %w", err)
+	}
+	id, err := machineID(g.MachineIDFile)
+	if err != nil {
+		return nil, fmt.Errorf("machine identifier: %w", err)
+	}
+	aux, err := vzfw.NewMacAuxiliaryStorage(filepath.Join(g.Dir, auxStorage))
+	if err != nil {
+		return nil, fmt.Errorf("auxiliary storage: %w", err)
+	}
+	platform, err := vzfw.NewMacPlatformConfiguration(vzfw.WithMacHardwareModel(hw), vzfw.WithMacMachineIdentifier(id), vzfw.WithMacAuxiliaryStorage(aux))
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := vzfw.NewVirtualMachineConfiguration(boot, f.cpus, f.memory)
+	if err != nil {
+		return nil, err
+	}
+	cfg.SetPlatformVirtualMachineConfiguration(platform)
+
+	disk, err := vzfw.NewDiskImageStorageDeviceAttachment(filepath.Join(g.Dir, diskImage), false)
+	if err != nil {
+		return nil, fmt.Errorf("disk: %w", err)
+	}
+	block, err := vzfw.NewVirtioBlockDeviceConfiguration(disk)
+	if err != nil {
+		return nil, err
+	}
+	cfg.SetStorageDevicesVirtualMachineConfiguration([]vzfw.StorageDeviceConfiguration{block})
+
+	nat, err := vzfw.NewNATNetworkDeviceAttachment()
+	if err != nil {
+		return nil, err
+	}
+	nic, err := vzfw.NewVirtioNetworkDeviceConfiguration(nat)
+	if err != nil {
+		return nil, err
+	}
+	mac, err := vzfw.NewRandomLocallyAdministeredMACAddress()
+	if err != nil {
+		return nil, err
+	}
+	nic.SetMACAddress(mac)
+	cfg.SetNetworkDevicesVirtualMachineConfiguration([]*vzfw.VirtioNetworkDeviceConfiguration{nic})
+
+	tag, err := vzfw.MacOSGuestAutomountTag()
+	if err != nil {
+		return nil, err
+	}
+	fs, err := vzfw.NewVirtioFileSystemDeviceConfiguration(tag)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := vzfw.NewSharedDirectory(g.SharedDir, false)
+	if err != nil {
+		return nil, err
+	}
+	share, err := vzfw.NewMultipleDirectoryShare(map[string]*vzfw.SharedDirectory{"berth": dir})
+	if err != nil {
+		return nil, err
+	}
+	fs.SetDirectoryShare(share)
+	cfg.SetDirectorySharingDevicesVirtualMachineConfiguration([]vzfw.DirectorySharingDeviceConfiguration{fs})
+
+	gfx, err := vzfw.NewMacGraphicsDeviceConfiguration()
+	if err != nil {
+		return nil, err
+	}
+	display, err := vzfw.NewMacGraphicsDisplayConfiguration(1920, 1080, 80)
+	if err != nil {
+		return nil, err
+	}
+	gfx.SetDisplays(display)
+	cfg.SetGraphicsDevicesVirtualMachineConfiguration([]vzfw.GraphicsDeviceConfiguration{gfx})
+	kbd, err := vzfw.NewUSBKeyboardConfiguration()
+	if err != nil {
+		return nil, err
+	}
+	cfg.SetKeyboardsVirtualMachineConfiguration([]vzfw.KeyboardConfiguration{kbd})
+	ptr, err := vzfw.NewUSBScreenCoordinatePointingDeviceConfiguration()
+	if err != nil {
+		return nil, err
+	}
+	cfg.SetPointingDevicesVirtualMachineConfiguration([]vzfw.PointingDeviceConfiguration{ptr})
+	entropy, err := vzfw.NewVirtioEntropyDeviceConfiguration()
+	if err != nil {
+		return nil, err
+	}
+	cfg.SetEntropyDevicesVirtualMachineConfiguration([]*vzfw.VirtioEntropyDeviceConfiguration{entropy})
+
+	if ok, err := cfg.Validate(); !ok || err != nil {
+		return nil, fmt.Errorf("invalid VM configuration: %w", err)
+	}
+	return cfg, nil
+}
+
+// machineID reads the guest's identifier, or makes and stores a fresh one.
+func machineID(path string) (*vzfw.MacMachineIdentifier, error) {
+	if _, err := os.Stat(path); err == nil {
+		return vzfw.NewMacMachineIdentifierWithDataPath(path)
+	}
+	id, err := vzfw.NewMacMachineIdentifier()
+	if err != nil {
+		return nil, err
+	}
+	return id, os.WriteFile(path, id.DataRepresentation(), 0o600)
+}
+
+func (f *framework) RequestStop(ctx context.Context, attempt string) error {
+	vm := f.vm(attempt)
+	if vm == nil {
+		return nil
+	}
+	return wait(ctx, func() error {
+		ok, err := vm.RequestStop()
+		if err == nil && !ok {
+			err = errors.New("the guest did not accept the stop request")
+		}
+		return err
+	})
+}
+
+func (f *framework) ForceStop(ctx context.Context, attempt string) error {
+	vm := f.vm(attempt)
+	if vm == nil {
+		return nil
+	}
+	if err := wait(ctx, vm.Stop); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	delete(f.vms, attempt)
+	f.mu.Unlock()
+	return nil
+}
+
+func (f *framework) State(ctx context.Context, attempt string) (State, error) {
+	vm := f.vm(attempt)
+	if vm == nil {
+		return StateAbsent, nil
+	}
+	switch vm.State() {
+	case vzfw.VirtualMachineStateStopped:
+		return StateStopped, nil
+	case vzfw.VirtualMachineStateError:
+		return StateError, nil
+	case vzfw.VirtualMachineStateStarting, vzfw.VirtualMachineStateRestoring:
+		return StateStarting, nil
+	case vzfw.VirtualMachineStateStopping:
+		return StateStopping, nil
+	default: // running, paused, pausing, resuming, saving: on
+		return StateRunning, nil
+	}
+}

@@ -33,7 +33,7 @@ bench-smoke:
 
 ## chaos: the chaos test at full size (issue 4): 2000 jobs through the real service processes on a
 ## 3-node NATS cluster while a random part is SIGKILLed and restarted every few seconds (CHAOS_JOBS,
-## and BERTH_CHAOS_SEED to replay a run's choices; `make test` runs it at 150 jobs)
+## and BERTH_CHAOS_SEED to replay a run's choices; CHAOS_JOBS=150 is the short run)
 CHAOS_JOBS ?= 2000
 .PHONY: chaos
 chaos:
@@ -73,3 +73,13 @@ images:
 	cp deploy/nats/nats.conf $(IMAGE_DIR)/nats/
 	docker build -q -t berth/berth:local -f deploy/docker/berth.Dockerfile $(IMAGE_DIR)/berth
 	docker build -q -t berth/nats:local -f deploy/docker/nats.Dockerfile $(IMAGE_DIR)/nats
+
+## vz-test: on a Mac with Apple silicon: vet and test the vz backend with Virtualization.framework,
+## and build a signed bin/berth (BERTH_VZ_BASE_IMAGE=DIR also boots a real guest)
+.PHONY: vz-test
+vz-test:
+	@test "$$(uname -s)/$$(uname -m)" = Darwin/arm64 || { echo "vz-test needs macOS on Apple silicon"; exit 1; }
+	CGO_ENABLED=1 $(GO) vet ./services/vmagent/backends/vz/
+	CGO_ENABLED=1 $(GO) test -count=1 ./services/vmagent/backends/vz/ ./services/install/
+	CGO_ENABLED=1 $(GO) build -o $(BIN)/berth ./services/cmd/berth
+	codesign --force --sign - --entitlements deploy/launchd/berth.entitlements $(BIN)/berth

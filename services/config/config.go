@@ -235,9 +235,10 @@ type Pool struct {
 // Backend selects and configures the VM backend. Kind may be left out when
 // exactly one backend section is given (`backend: {ec2: {...}}`).
 type Backend struct {
-	Kind string `yaml:"kind"` // "exec" (the default) or "ec2"
+	Kind string `yaml:"kind"` // "exec" (the default), "ec2" or "vz"
 	Exec Exec   `yaml:"exec"`
 	EC2  EC2    `yaml:"ec2"`
+	VZ   VZ     `yaml:"vz"`
 }
 
 // EC2 launches one instance per attempt through the EC2 API (see the ec2
@@ -387,7 +388,13 @@ func (c *Config) Defaults() {
 		if a.Backend.Kind == "" && !a.Backend.EC2.IsZero() && len(a.Backend.Exec.Create)+len(a.Backend.Exec.Stop) == 0 {
 			a.Backend.Kind = "ec2"
 		}
+		if a.Backend.Kind == "" && !a.Backend.VZ.IsZero() && a.Backend.EC2.IsZero() && len(a.Backend.Exec.Create)+len(a.Backend.Exec.Stop) == 0 {
+			a.Backend.Kind = "vz"
+		}
 		or(&a.Backend.Kind, "exec")
+		if a.Backend.Kind == "vz" {
+			a.Backend.VZ.defaults(c.DataDir, a.Host)
+		}
 		or(&a.Backend.Exec.CreateTimeout, 5*time.Minute)
 		or(&a.Backend.Exec.StopTimeout, 2*time.Minute)
 		if a.Backend.Kind == "ec2" {
@@ -455,13 +462,18 @@ func (c *Config) Validate() error {
 			if !a.Backend.EC2.IsZero() {
 				bad("agents[%d].backend: kind is exec but an ec2 section is given: remove one, or set kind: ec2", i)
 			}
+			if !a.Backend.VZ.IsZero() {
+				bad("agents[%d].backend: kind is exec but a vz section is given: remove one, or set kind: vz", i)
+			}
 		case "ec2":
 			if len(a.Backend.Exec.Create)+len(a.Backend.Exec.Stop)+len(a.Backend.Exec.List) > 0 {
 				bad("agents[%d].backend: kind is ec2 but exec commands are given: an agent runs one backend, remove one", i)
 			}
 			a.Backend.EC2.validate(fmt.Sprintf("agents[%d].backend.ec2", i), bad)
+		case "vz":
+			a.Backend.VZ.validate(fmt.Sprintf("agents[%d].backend.vz", i), a, bad)
 		default:
-			bad("agents[%d].backend.kind %q: use exec or ec2", i, a.Backend.Kind)
+			bad("agents[%d].backend.kind %q: use exec or ec2 (or vz on a Mac)", i, a.Backend.Kind)
 		}
 	}
 	return errors.Join(errs...)

@@ -166,8 +166,11 @@ func (l *layout) readConfig() ([]byte, error) {
 		if a.Host == l.o.Host || l.o.Host == "" && len(c.Agents) == 1 {
 			l.shutdown = a.ShutdownTimeout
 			l.stop = a.Backend.Exec.StopTimeout
-			if a.Backend.Kind == "ec2" {
+			switch a.Backend.Kind {
+			case "ec2":
 				l.stop = a.Backend.EC2.StopTimeout
+			case "vz":
+				l.stop = a.Backend.VZ.StopTimeout
 			}
 			return b, nil
 		}

@@ -27,6 +27,7 @@ import (
 	"github.com/berth-ci/berth/services/vmagent/backend"
 	"github.com/berth-ci/berth/services/vmagent/backends/ec2"
 	"github.com/berth-ci/berth/services/vmagent/backends/exec"
+	"github.com/berth-ci/berth/services/vmagent/backends/vz"
 	"github.com/berth-ci/berth/services/watchdog"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -459,6 +460,20 @@ func Agent(ctx context.Context, s *System, cfg *config.Config, ac config.Agent, 
 		// AgentWith reads the step deadlines from the exec section.
 		e := ac.Backend.EC2
 		ac.Backend.Exec.CreateTimeout, ac.Backend.Exec.StopTimeout, ac.Backend.Exec.RetryBase = e.CreateTimeout, e.StopTimeout, e.RetryBase
+		return AgentWith(ctx, s, cfg, ac, be, logger)
+	}
+	if ac.Backend.Kind == "vz" {
+		v := ac.Backend.VZ
+		hv, err := vz.NewPlatformHypervisor(v.CPUs, uint64(v.Memory))
+		if err != nil {
+			return "", err
+		}
+		be, err := vz.New(vz.Config{BaseImage: v.BaseImage, ClonesRoot: v.ClonesRoot, PhysicalCap: ac.PhysicalCap,
+			RunnerTimeout: v.CreateTimeout, StopGrace: v.StopGrace, ForceTimeout: v.ForceTimeout}, hv)
+		if err != nil {
+			return "", err
+		}
+		ac.Backend.Exec.CreateTimeout, ac.Backend.Exec.StopTimeout, ac.Backend.Exec.RetryBase = v.CreateTimeout, v.StopTimeout, v.RetryBase
 		return AgentWith(ctx, s, cfg, ac, be, logger)
 	}
 	be := exec.New(ac.Backend.Exec.Create, ac.Backend.Exec.Stop, ac.Backend.Exec.Env).

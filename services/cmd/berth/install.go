@@ -51,7 +51,11 @@ func agentInstallCmd() *cobra.Command {
 			for _, p := range res.Written {
 				fmt.Fprintf(out, "wrote %s\n", p)
 			}
-			return commands(cmd.Context(), out, res.Commands, now, "to start the agent")
+			what := "to start the agent"
+			if o.Platform == install.Darwin {
+				what += " (the bootout fails harmlessly when the agent is not loaded yet)"
+			}
+			return commands(cmd.Context(), out, res.Commands, now, what)
 		},
 	}
 	installFlags(cmd, &o, &now)

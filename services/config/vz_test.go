@@ -1,0 +1,81 @@
+package config
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestVZSectionDefaultsAndKind(t *testing.T) {
+	c, err := Parse([]byte(`data_dir: /var/lib/berth
+agents:
+  - host: mac-1
+    pools: {macos: {labels: [self-hosted, macos], slots: 2}}
+    backend:
+      vz: {base_image: /Users/ci/berth/base}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := c.Agents[0]
+	want := VZ{BaseImage: "/Users/ci/berth/base", ClonesRoot: "/var/lib/berth/agents/mac-1/vz", CPUs: 4, Memory: 8 << 30,
+		CreateTimeout: 10 * time.Minute, StopTimeout: 2 * time.Minute, StopGrace: time.Minute, ForceTimeout: 30 * time.Second}
+	if a.Backend.Kind != "vz" || a.Backend.VZ != want {
+		t.Errorf("kind %q, vz %+v; want vz, %+v", a.Backend.Kind, a.Backend.VZ, want)
+	}
+}
+
+func TestVZSectionProblemsSayWhatToChange(t *testing.T) {
+	_, err := Parse([]byte(`agents:
+  - host: mac-1
+    physical_cap: 3
+    pools: {macos: {labels: [self-hosted, macos], slots: 3}}
+    backend:
+      kind: vz
+      vz: {memory: 1GiB}
+      exec: {create: [x], stop: [y]}
+  - host: mac-2
+    pools: {macos: {labels: [self-hosted, macos], slots: 1}}
+    backend:
+      kind: exec
+      exec: {create: [x], stop: [y]}
+      vz: {base_image: /b}
+`))
+	if err == nil {
+		t.Fatal("Parse accepted a broken vz section")
+	}
+	for _, want := range []string{"backend.vz.base_image is required", "physical_cap 3", "memory 1GiB", "kind is vz but exec commands",
+		"kind is exec but a vz section"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+}
+
+func TestExampleVZAgentLoads(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/berth.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(b), "# (config/vz_test.go loads this block uncommented: keep it valid.)\n")
+	if !ok {
+		t.Fatal("the vz example is gone from deploy/berth.example.yaml")
+	}
+	var yaml strings.Builder
+	yaml.WriteString("agents:\n")
+	for _, line := range strings.Split(block, "\n") {
+		rest, ok := strings.CutPrefix(line, "  # ")
+		if !ok { // the block ends at its first line that is not a comment
+			break
+		}
+		yaml.WriteString("  " + rest + "\n")
+	}
+	c, err := Parse([]byte(yaml.String()))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, yaml.String())
+	}
+	if a := c.Agents[0]; a.Backend.Kind != "vz" || a.Backend.VZ.BaseImage == "" || a.Backend.VZ.Memory != 8<<30 {
+		t.Errorf("example vz agent parsed as %+v", a.Backend)
+	}
+}

@@ -32,7 +32,10 @@ func (a *Agent) drain(ctx context.Context) {
 	if n := a.active(ctx); n > 0 {
 		logger.Warn("drain timeout: stopping the VMs still running", "active", n)
 		a.Loop.Post(ctx, func() { a.forceStop = true })
-		end := time.Now().Add(a.opts.StopTimeout + 5*time.Second) // the stop, then its fact
+		// The stop, then its fact (stopped or abandoned) folded back: on a
+		// loaded host that can take seconds, and leaving before it is stored
+		// would lose what the host still runs.
+		end := time.Now().Add(a.opts.StopTimeout + 15*time.Second)
 		for a.active(ctx) > 0 && time.Now().Before(end) {
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -43,7 +46,7 @@ func (a *Agent) drain(ctx context.Context) {
 // active counts this host's VMs that exist or are being created, read on
 // the loop.
 func (a *Agent) active(ctx context.Context) int {
-	n := -1
+	n := 0
 	done := make(chan struct{})
 	a.Loop.Post(ctx, func() {
 		n = len(a.creating)
@@ -56,9 +59,10 @@ func (a *Agent) active(ctx context.Context) int {
 	})
 	select {
 	case <-done:
+		return n
 	case <-ctx.Done():
 		return 0
 	case <-time.After(5 * time.Second):
+		return 1 // the loop did not answer: unknown counts as still active (the caller's deadline ends the wait)
 	}
-	return n
 }

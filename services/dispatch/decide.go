@@ -4,6 +4,7 @@ package dispatch
 
 import (
 	"sort"
+	"time"
 
 	"github.com/berth-ci/berth/events"
 )
@@ -43,6 +44,29 @@ type Params struct {
 	// MaxAttempts is the number of failed placements after which a job is
 	// unschedulable.
 	MaxAttempts int
+	// RegistrationTimeout and ProvisionTimeout are the watchdog's
+	// deadlines (config watchdog.*): a placed runner that started and took
+	// no job for RegistrationTimeout, or did not start within
+	// ProvisionTimeout of its booking, is deregistered through the API
+	// (GitHub refuses with 422 while the runner runs a job: that is what
+	// tells, not the absence of an in_progress webhook) and, once gone,
+	// released. 0 leaves it to the watchdog.
+	RegistrationTimeout, ProvisionTimeout time.Duration
+	// Now is when the plan is made (the dispatcher sets it every round).
+	Now time.Time
+}
+
+// Expired names the deadline a placed, unbound attempt has passed
+// (ReleaseRegistration or ReleaseProvisionTimeout), or "".
+func (p Params) Expired(a *events.Attempt) string {
+	switch {
+	case p.Now.IsZero():
+	case a.RunnerStarted && p.RegistrationTimeout > 0 && p.Now.Sub(a.RunnerStartedAt) > p.RegistrationTimeout:
+		return events.ReleaseRegistration
+	case !a.RunnerStarted && p.ProvisionTimeout > 0 && p.Now.Sub(a.ReservedAt) > p.ProvisionTimeout:
+		return events.ReleaseProvisionTimeout
+	}
+	return ""
 }
 
 // Decide derives the dispatcher's next facts from the fold. It is pure.
@@ -70,6 +94,7 @@ func Decide(f *events.Fleet, p Params) Plan {
 	}
 	unbound := map[string][]*events.Attempt{}
 	ownUnbound := map[int64]bool{}
+	expiring := map[string]bool{} // past a deadline, deregistration planned
 	for _, a := range sortedAttempts(f) {
 		bound := f.BoundJob(a.ID)
 		switch {
@@ -91,6 +116,17 @@ func Decide(f *events.Fleet, p Params) Plan {
 			// attempt's claim on demand; its VM, if any, stays counted on
 			// the host until it is seen stopped.
 			plan.Release = append(plan.Release, release(a, events.ReleaseCreateFailed))
+		case a.Held() && bound == 0 && a.Placed && a.RunnerID != 0 && !a.Deregistered && p.Expired(a) != "":
+			// Past its deadline with no job seen. Whether its runner took
+			// one is GitHub's to say (a late in_progress webhook is not a
+			// fact): deleting the registration is refused while it runs a
+			// job, and only a deleted runner's slot is released. Until then
+			// it still counts as its pool's supply, so its job is not booked
+			// twice at once.
+			plan.Deregister = append(plan.Deregister, a)
+			expiring[a.ID] = true
+			unbound[a.Pool] = append(unbound[a.Pool], a)
+			ownUnbound[a.JobID] = true
 		case a.Held() && bound == 0:
 			unbound[a.Pool] = append(unbound[a.Pool], a)
 			ownUnbound[a.JobID] = true
@@ -119,6 +155,9 @@ func Decide(f *events.Fleet, p Params) Plan {
 		supply := unbound[pool]
 		if surplus := len(supply) - len(jobs); surplus > 0 {
 			for _, a := range leastAdvanced(supply, surplus) {
+				if expiring[a.ID] {
+					continue // already planned
+				}
 				if a.Placed && !a.Deregistered {
 					plan.Deregister = append(plan.Deregister, a)
 				} else {

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/dispatch"
@@ -115,5 +116,36 @@ func TestMintRetryableClassifiesGitHubAnswers(t *testing.T) {
 		if got := dispatch.MintRetryable(err); got != want {
 			t.Errorf("%d: retryable %v, want %v (%v)", status, got, want, err)
 		}
+	}
+}
+
+// Given a placed runner that started and has taken no job as far as the log
+// knows, when its registration deadline passes, then the dispatcher does not
+// release its slot on that absence (the in_progress webhook may be late):
+// it plans to delete the registration, which GitHub refuses while the
+// runner runs a job. Before the deadline it plans nothing for it.
+func TestAnIdleRunnerPastItsRegistrationDeadlineIsDeregisteredNotReleased(t *testing.T) {
+	l := given(t).add(host("h-a", 4, 4), queued(1))
+	l.apply(l.decide())
+	r := events.AttemptRef{Attempt: attempt(1, 1), Pool: "linux", Host: "h-a"}
+	l.add(&events.AttemptPlaced{AttemptRef: r, JobID: 1, RunnerID: 77}, &events.AttemptRunnerStarted{AttemptRef: r})
+	p := params
+	p.RegistrationTimeout = 10 * time.Minute
+	started := l.f.Attempts[r.Attempt].RunnerStartedAt
+
+	p.Now = started.Add(9 * time.Minute)
+	if plan := dispatch.Decide(l.f, p); len(plan.Deregister) != 0 || len(plan.Release) != 0 {
+		t.Fatalf("before the deadline: deregister %v, release %v; want neither", plan.Deregister, plan.Release)
+	}
+	p.Now = started.Add(11 * time.Minute)
+	plan := dispatch.Decide(l.f, p)
+	if len(plan.Deregister) != 1 || plan.Deregister[0].ID != r.Attempt {
+		t.Fatalf("past the deadline: deregister %v, want %s", plan.Deregister, r.Attempt)
+	}
+	if _, ok := attempts(plan.Release)[r.Attempt]; ok {
+		t.Fatalf("released on the absence of an in_progress fact")
+	}
+	if got := p.Expired(l.f.Attempts[r.Attempt]); got != events.ReleaseRegistration {
+		t.Fatalf("Expired = %q, want %q (the release reason once GitHub confirms)", got, events.ReleaseRegistration)
 	}
 }

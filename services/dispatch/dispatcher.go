@@ -140,7 +140,9 @@ func (d *Dispatcher) inFlight(id string, now time.Time) bool {
 // mints last, off the loop.
 func (d *Dispatcher) Decide(ctx context.Context) {
 	now := d.opts.Now()
-	plan := Decide(d.fleet, d.opts.Params)
+	params := d.opts.Params
+	params.Now = now
+	plan := Decide(d.fleet, params)
 	for _, r := range plan.Release {
 		crashpoint.Hit(crashpoint.DispatcherBeforeRelease)
 		if d.appendPool(ctx, now, r, r.Pool) == nil {
@@ -459,9 +461,15 @@ func (d *Dispatcher) deregister(ctx context.Context, now time.Time, a *events.At
 				d.pending[key] = d.opts.Now()
 				d.append(ctx, d.opts.Now(), events.AttemptDeregistered{AttemptRef: ref, RunnerID: runnerID}, nil)
 				if cur := d.fleet.Attempts[ref.Attempt]; cur != nil && cur.Held() && d.fleet.BoundJob(ref.Attempt) == 0 {
-					logger.Info("surplus runner deregistered; releasing its slot")
+					params := d.opts.Params
+					params.Now = d.opts.Now()
+					reason := params.Expired(cur)
+					if reason == "" {
+						reason = events.ReleaseSurplus
+					}
+					logger.Info("runner deregistered; releasing its slot", "reason", reason)
 					d.appendPool(ctx, d.opts.Now(), events.SlotReleased{Pool: ref.Pool, Host: ref.Host, Attempt: ref.Attempt,
-						Reason: events.ReleaseSurplus, JobID: jobID}, ref.Pool)
+						Reason: reason, JobID: jobID}, ref.Pool)
 				}
 			}
 		})

@@ -346,7 +346,8 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	app := &eventlog.Appender{JS: js, Source: "berth/dispatcher"}
 	d, err := dispatch.New(&eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 500 * time.Millisecond,
 		SnapshotKey: "dispatcher", Consumer: consumer("dispatcher"), Replicas: cfg.NATS.Replicas}, app, minter,
-		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts}, MintTimeout: dc.MintTimeout,
+		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts,
+			RegistrationTimeout: cfg.Watchdog.RegistrationTimeout, ProvisionTimeout: cfg.Watchdog.ProvisionTimeout}, MintTimeout: dc.MintTimeout,
 			Retention: cfg.Watchdog.Retention, Budget: budget, Logger: logger,
 			Reconcile:   dispatch.Reconcile{After: dc.ReconcileAfter, Every: dc.ReconcileEvery, Limit: dc.ReconcileLimit},
 			Redeliverer: redeliverer}, metrics)

@@ -12,6 +12,23 @@ import (
 	"github.com/berth-ci/berth/events"
 )
 
+// FallbackFactor stretches the provisioning and registration deadlines of
+// an attempt whose runner is registered with GitHub. At the deadline itself
+// the dispatcher deletes the registration, which GitHub refuses while the
+// runner runs a job, and releases the slot only once it is gone; the absence
+// of an in_progress webhook is no proof (a late webhook would have the VM
+// stopped mid-job). The watchdog releases on the deadline alone only this
+// much later, for when no dispatcher or no GitHub answers.
+const FallbackFactor = 3
+
+// fallback is the deadline the watchdog itself applies to a.
+func fallback(a *events.Attempt, d time.Duration) time.Duration {
+	if a.Placed && a.RunnerID != 0 {
+		return FallbackFactor * d
+	}
+	return d
+}
+
 // Params are the watchdog's deadlines.
 type Params struct {
 	ProvisionTimeout time.Duration
@@ -95,9 +112,9 @@ func Decide(f *events.Fleet, now time.Time, heartbeats map[string]time.Time, p P
 		switch {
 		case a.Held() && lost[a.Host]:
 			plan.release(a, events.ReleaseHostLost)
-		case a.Held() && bound == 0 && !a.RunnerStarted && !a.Failed && now.Sub(a.ReservedAt) > p.ProvisionTimeout:
+		case a.Held() && bound == 0 && !a.RunnerStarted && !a.Failed && now.Sub(a.ReservedAt) > fallback(a, p.ProvisionTimeout):
 			plan.release(a, events.ReleaseProvisionTimeout)
-		case a.Held() && bound == 0 && a.RunnerStarted && p.RegistrationTimeout > 0 && now.Sub(a.RunnerStartedAt) > p.RegistrationTimeout:
+		case a.Held() && bound == 0 && a.RunnerStarted && p.RegistrationTimeout > 0 && now.Sub(a.RunnerStartedAt) > fallback(a, p.RegistrationTimeout):
 			plan.release(a, events.ReleaseRegistration)
 		case a.Held() && bound != 0 && p.MaxJobDuration > 0 && overran(f.Jobs[bound], now, p.MaxJobDuration):
 			plan.release(a, events.ReleaseMaxDuration)

@@ -27,9 +27,11 @@ func TestMain(m *testing.M) { os.Exit(procs.Main(m)) }
 type crashCase struct {
 	point string
 	at    int // the Nth hit kills
-	// deadlines: some jobs' first attempts start no runner, so that the
-	// watchdog's registration deadline releases their slots (the watchdog
-	// releases nothing on a healthy run).
+	// deadlines: some jobs' first attempts start no runner, and GitHub
+	// rate-limits the first runner deletion for 20 s, so the dispatcher
+	// cannot deregister them at their registration deadline and the
+	// watchdog's own fallback (three deadlines) releases their slots. The
+	// watchdog releases nothing on a healthy run.
 	deadlines bool
 	heals     string
 }
@@ -129,6 +131,9 @@ func runCase(t *testing.T, c crashCase) {
 			}
 		}
 		time.Sleep(150 * time.Millisecond)
+	}
+	if c.deadlines {
+		sys.Sim.RateLimit(ghsim.RouteDeleteRunnerOrg, ghsim.TooManyRequests, 1, 20*time.Second)
 	}
 	p := sys.Proc(name)
 	st := p.AwaitExit(t, 60*time.Second)

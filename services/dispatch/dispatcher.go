@@ -244,7 +244,7 @@ func (d *Dispatcher) append(ctx context.Context, now time.Time, p events.Payload
 	if d.inFlight(ev.ID, now) {
 		return nil
 	}
-	seq, _, err := d.log.Append(ctx, ev, expect)
+	seq, dup, err := d.log.Append(ctx, ev, expect)
 	if err != nil {
 		if !errors.Is(err, eventlog.ErrConflict) {
 			d.opts.Logger.Warn("append failed; will retry", "event", ev.ID, "err", err)
@@ -252,7 +252,10 @@ func (d *Dispatcher) append(ctx context.Context, now time.Time, p events.Payload
 		return err
 	}
 	d.pending[ev.ID] = now
-	if expect != nil {
+	if expect != nil && !dup {
+		// Not on a duplicate: the fact stored under this id may be another
+		// replica's, with other contents (another host for the same
+		// attempt); the fold must learn it from the log, not from us.
 		d.foldOwn(ev, seq)
 	}
 	d.opts.Logger.Debug("appended", "event", ev.ID, "type", ev.Type(), "seq", seq)

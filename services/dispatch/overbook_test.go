@@ -76,3 +76,4 @@ func mustMarshal(t *testing.T, e events.Event) []byte {
 	}
 	return b
 }
+

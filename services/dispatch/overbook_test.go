@@ -76,4 +76,3 @@ func mustMarshal(t *testing.T, e events.Event) []byte {
 	}
 	return b
 }
-

@@ -137,7 +137,9 @@ func Replay(ctx context.Context, js jetstream.JetStream, progress func(done, tot
 
 // ReplayTo folds the log up to and including sequence upto (0: the last
 // sequence when it starts), stopping before the first event stamped after
-// until (zero: no time limit): the fleet as it was then.
+// until (zero: no time limit): the fleet as it was then. It folds from the
+// first fact, so on a log whose oldest facts expired it fails with
+// ErrTruncated; ReplayFrom starts from a snapshot instead.
 func ReplayTo(ctx context.Context, js jetstream.JetStream, upto uint64, until time.Time, progress func(done, total uint64)) (*events.Fleet, error) {
 	f := events.NewFleet()
 	last, err := LastSeq(ctx, js)
@@ -147,34 +149,11 @@ func ReplayTo(ctx context.Context, js jetstream.JetStream, upto uint64, until ti
 	if upto != 0 && upto < last {
 		last = upto
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ch := make(chan Delivered, 1024)
-	errc := make(chan error, 1)
-	go func() { errc <- Follow(ctx, js, []string{events.SubjectAll}, 1, ch) }()
-	for {
-		select {
-		case d := <-ch:
-			if !until.IsZero() && d.Err == nil && d.Event.Time.After(until) {
-				cancel()
-				<-errc
-				return f, nil
-			}
-			if d.Err != nil || foldSafely(f, d.Event) != nil {
-				f.Skip(d.Event.Seq, d.Event.Subject)
-			}
-			if progress != nil && d.Event.Seq%10000 == 0 {
-				progress(d.Event.Seq, last)
-			}
-			if d.Event.Seq >= last {
-				cancel()
-				<-errc
-				return f, nil
-			}
-		case err := <-errc:
-			return f, fmt.Errorf("replay stopped at seq %d of %d: %w", f.LastSeq, last, err)
-		}
+	s, err := js.Stream(ctx, events.StreamName)
+	if err != nil {
+		return f, err
 	}
+	return foldTail(ctx, s, f, 1, last, until, progress)
 }
 
 // foldSafely applies e and turns a panic into an error, so one poison fact

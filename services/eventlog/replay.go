@@ -220,9 +220,7 @@ func foldTail(ctx context.Context, s jetstream.Stream, f *events.Fleet, from, la
 			report(seq - 1)
 			return f, nil
 		}
-		if derr == nil {
-			f.Apply(ev)
-		} else {
+		if derr != nil || foldSafely(f, ev) != nil {
 			f.Skip(seq, ev.Subject)
 		}
 		if seq >= last {

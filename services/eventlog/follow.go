@@ -130,7 +130,7 @@ func LastSeq(ctx context.Context, js jetstream.JetStream) (uint64, error) {
 
 // Replay folds the whole log (up to the sequence that was last when it
 // started) into a fresh projection. progress, when not nil, is called every
-// 10,000 events with (done, total).
+// 1,000 events with (done, total).
 func Replay(ctx context.Context, js jetstream.JetStream, progress func(done, total uint64)) (*events.Fleet, error) {
 	return ReplayTo(ctx, js, 0, time.Time{}, progress)
 }

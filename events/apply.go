@@ -22,6 +22,8 @@ func (f *Fleet) Apply(e Event) {
 		f.jobFact(d.JobRef, StatusInProgress, e.Time, d.RunnerName, "")
 	case *JobCompleted:
 		f.jobFact(d.JobRef, StatusCompleted, e.Time, d.RunnerName, d.Conclusion)
+	case *JobConflict:
+		f.job(d.JobID).ConflictRecorded = true
 	case *JobUnschedulable:
 		j := f.job(d.JobID)
 		j.Unschedulable, j.UnschedulableReason = true, d.Reason
@@ -173,8 +175,10 @@ func (f *Fleet) jobFact(r JobRef, st JobStatus, at time.Time, runner, conclusion
 	}
 	if runner != "" && j.Runner == "" {
 		j.Runner = runner
-		if _, taken := f.byRunner[runner]; !taken {
+		if owner, taken := f.byRunner[runner]; !taken {
 			f.byRunner[runner] = j.ID
+		} else if owner != j.ID {
+			j.Conflict = runner // the first binding stands (BL-17)
 		}
 	}
 }
@@ -192,7 +196,7 @@ func (f *Fleet) attemptFlag(r AttemptRef, at time.Time, set func(*Attempt)) {
 
 func (f *Fleet) hostState(h *Host, e Event, st HostState) {
 	if s := stampOf(e); s.after(h.state) {
-		h.state, h.State = s, st
+		h.state, h.State, h.StateAt = s, st, e.Time
 	}
 }
 

@@ -8,6 +8,7 @@ const (
 	TypeJobInProgress    = "berth.job.in_progress.v1"
 	TypeJobCompleted     = "berth.job.completed.v1"
 	TypeJobUnschedulable = "berth.job.unschedulable.v1"
+	TypeJobConflict      = "berth.job.conflict.v1"
 
 	TypeSlotReserved = "berth.slot.reserved.v1"
 	TypeSlotReleased = "berth.slot.released.v1"
@@ -39,6 +40,7 @@ var catalogue = map[string]func() Payload{
 	TypeJobInProgress:    func() Payload { return &JobInProgress{} },
 	TypeJobCompleted:     func() Payload { return &JobCompleted{} },
 	TypeJobUnschedulable: func() Payload { return &JobUnschedulable{} },
+	TypeJobConflict:      func() Payload { return &JobConflict{} },
 
 	TypeSlotReserved: func() Payload { return &SlotReserved{} },
 	TypeSlotReleased: func() Payload { return &SlotReleased{} },

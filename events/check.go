@@ -24,8 +24,8 @@ const (
 	RuleCountersMatched = "counters_match_attempts"
 )
 
-// Check returns every broken invariant, sorted: held ≤ capacity per pool and
-// per host; live VMs ≤ physical cap per host; each reservation released at
+// Check returns every broken invariant, sorted: held ≤ capacity per pool (the
+// slots of every host that advertised it) and per host; live VMs ≤ physical cap per host; each reservation released at
 // most once; every held slot belongs to an attempt whose VM is not stopped;
 // and the incremental counters equal a recount.
 func (f *Fleet) Check() []Violation {
@@ -55,7 +55,14 @@ func (f *Fleet) Check() []Violation {
 		if held[name] != p.Held {
 			add(RuleCountersMatched, name, "pool held counter %d, recount %d", p.Held, held[name])
 		}
-		if c := f.Capacity(name); p.Held > c {
+		// Against every host's slots, lost ones included: a lost host's
+		// running jobs keep their slots until they complete (law 7), and
+		// the per-host rule below bounds each host.
+		c := 0
+		for _, h := range f.Hosts {
+			c += h.Pools[name].Slots
+		}
+		if p.Held > c {
 			add(RuleHeldPool, name, "held %d > capacity %d", p.Held, c)
 		}
 	}

@@ -37,6 +37,7 @@ func samples() map[string]events.Payload {
 		events.TypeJobCompleted: &events.JobCompleted{JobRef: jobRef(), Conclusion: "success",
 			RunnerName: "berth-42-1", RunnerID: 99},
 		events.TypeJobUnschedulable: &events.JobUnschedulable{JobID: 42, Reason: "create failed 3 times", Attempts: 3},
+		events.TypeJobConflict:      &events.JobConflict{JobID: 43, Runner: "berth-42-1", BoundJob: 42},
 		events.TypeSlotReserved: &events.SlotReserved{Pool: "macos", Host: "mac-1", Attempt: "berth-42-1",
 			JobID: 42, N: 1, Labels: []string{"macos"}},
 		events.TypeSlotReleased: &events.SlotReleased{Pool: "macos", Host: "mac-1", Attempt: "berth-42-1",

@@ -35,11 +35,19 @@ type Job struct {
 	UnschedulableReason   string
 	Minted                int // highest attempt number booked for this job
 	FailedAttempts        int // attempts booked for it that ended without a runner taking any job
+	// Conflict is the runner GitHub said took this job while that runner
+	// is bound to another job (BL-17); ConflictRecorded: a JobConflict
+	// fact says so.
+	Conflict         string
+	ConflictRecorded bool
 }
 
 // Demand reports whether the job is waiting for a runner: queued, not taken,
-// not given up on.
-func (j *Job) Demand() bool { return j.Status == StatusQueued && !j.Unschedulable }
+// not given up on; or reported in progress on a runner bound to another job
+// (an ephemeral runner runs one job: the job gets a VM of its own).
+func (j *Job) Demand() bool {
+	return (j.Status == StatusQueued || (j.Status == StatusInProgress && j.Conflict != "")) && !j.Unschedulable
+}
 
 // HostState is the liveness of a host, last writer (by event time) wins.
 type HostState string
@@ -59,6 +67,7 @@ type Host struct {
 	CurveKey     string
 	Backend      string
 	State        HostState
+	StateAt      time.Time // event time of the fact that set State
 	Cordoned     bool
 	CordonReason string
 	CordonBy     string // who cordoned: an operator, or "watchdog" for the abandoned-VM cap

@@ -83,6 +83,26 @@ func (e JobUnschedulable) EventID() string {
 	return "job-" + strconv.FormatInt(e.JobID, 10) + "-unschedulable"
 }
 
+// JobConflict: GitHub reported the job in progress on a runner that is
+// bound to another job. An ephemeral runner runs one job, yet GitHub has
+// been seen handing a busy runner a second one (actions/runner #4670,
+// scenario BL-17), so the binding is rejected: the runner's VM stays bound
+// to its first job and is stopped only when that job completes, and this
+// job stays demand until it completes, so it is booked a VM of its own.
+// Emitted by the dispatcher once its fold sees the conflict. Subject: the
+// job's; key: job id + "conflict".
+type JobConflict struct {
+	JobID    int64  `json:"job_id"`
+	Runner   string `json:"runner_name"`
+	BoundJob int64  `json:"bound_job_id"`
+}
+
+func (JobConflict) EventType() string      { return TypeJobConflict }
+func (e JobConflict) EventSubject() string { return JobSubject(e.JobID) }
+func (e JobConflict) EventID() string {
+	return "job-" + strconv.FormatInt(e.JobID, 10) + "-conflict"
+}
+
 // DemandWaiting: queued jobs of a pool have waited for a slot for at least
 // Waited. Emitted by the watchdog after 30 s and every 5 min after (law 6).
 // Subject berth.evt.demand.<pool>; key pool + report time.

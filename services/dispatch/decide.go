@@ -33,6 +33,9 @@ type Plan struct {
 	Teardown []events.AttemptTeardownRequested
 	// Unschedulable gives up on jobs that failed too many placements.
 	Unschedulable []events.JobUnschedulable
+	// Conflicts records jobs GitHub reported on a runner bound to another
+	// job (BL-17); such a job stays demand and is booked a VM of its own.
+	Conflicts []events.JobConflict
 }
 
 // DefaultMaxAttempts is how many failed placements a job gets by default
@@ -57,8 +60,12 @@ type Params struct {
 }
 
 // Expired names the deadline a placed, unbound attempt has passed
-// (ReleaseRegistration or ReleaseProvisionTimeout), or "".
-func (p Params) Expired(a *events.Attempt) string {
+// (ReleaseRegistration or ReleaseProvisionTimeout), or ReleaseHostLost when
+// its host was declared lost, or "".
+func (p Params) Expired(f *events.Fleet, a *events.Attempt) string {
+	if h := f.Hosts[a.Host]; h != nil && h.State == events.HostStateLost {
+		return events.ReleaseHostLost
+	}
 	switch {
 	case p.Now.IsZero():
 	case a.RunnerStarted && p.RegistrationTimeout > 0 && p.Now.Sub(a.RunnerStartedAt) > p.RegistrationTimeout:
@@ -85,6 +92,9 @@ func Decide(f *events.Fleet, p Params) Plan {
 	match := events.NewMatcher(labels)
 	demand := map[string][]*events.Job{}
 	for _, j := range f.Jobs {
+		if j.Conflict != "" && !j.ConflictRecorded && j.Status == events.StatusInProgress {
+			plan.Conflicts = append(plan.Conflicts, events.JobConflict{JobID: j.ID, Runner: j.Conflict, BoundJob: f.BoundJob(j.Conflict)})
+		}
 		if !j.Demand() {
 			continue
 		}
@@ -116,7 +126,7 @@ func Decide(f *events.Fleet, p Params) Plan {
 			// attempt's claim on demand; its VM, if any, stays counted on
 			// the host until it is seen stopped.
 			plan.Release = append(plan.Release, release(a, events.ReleaseCreateFailed))
-		case a.Held() && bound == 0 && a.Placed && a.RunnerID != 0 && !a.Deregistered && p.Expired(a) != "":
+		case a.Held() && bound == 0 && a.Placed && a.RunnerID != 0 && !a.Deregistered && p.Expired(f, a) != "":
 			// Past its deadline with no job seen. Whether its runner took
 			// one is GitHub's to say (a late in_progress webhook is not a
 			// fact): deleting the registration is refused while it runs a

@@ -45,6 +45,9 @@ func (l *log) apply(p dispatch.Plan) *log {
 	for i := range p.Unschedulable {
 		l.add(&p.Unschedulable[i])
 	}
+	for i := range p.Conflicts {
+		l.add(&p.Conflicts[i])
+	}
 	for i := range p.Reserve {
 		l.add(&p.Reserve[i])
 	}

@@ -145,7 +145,33 @@ func TestAnIdleRunnerPastItsRegistrationDeadlineIsDeregisteredNotReleased(t *tes
 	if _, ok := attempts(plan.Release)[r.Attempt]; ok {
 		t.Fatalf("released on the absence of an in_progress fact")
 	}
-	if got := p.Expired(l.f.Attempts[r.Attempt]); got != events.ReleaseRegistration {
+	if got := p.Expired(l.f, l.f.Attempts[r.Attempt]); got != events.ReleaseRegistration {
 		t.Fatalf("Expired = %q, want %q (the release reason once GitHub confirms)", got, events.ReleaseRegistration)
+	}
+}
+
+// Given an idle runner placed on a host the watchdog then declared lost,
+// when the dispatcher decides, then it deletes the runner's registration
+// rather than releasing the slot on the host's silence (a NATS outage
+// silences live hosts, law 7), and the release that follows GitHub's
+// confirmation names the host's loss.
+func TestAnIdleRunnerOnALostHostIsDeregisteredNotReleased(t *testing.T) {
+	l := given(t).add(host("h-a", 4, 4), queued(1))
+	l.apply(l.decide())
+	r := events.AttemptRef{Attempt: attempt(1, 1), Pool: "linux", Host: "h-a"}
+	l.add(&events.AttemptPlaced{AttemptRef: r, JobID: 1, RunnerID: 77})
+	if plan := l.decide(); len(plan.Deregister) != 0 {
+		t.Fatalf("host online: deregister %v, want none", plan.Deregister)
+	}
+	l.add(&events.HostLost{HostChange: events.HostChange{Host: "h-a", By: "watchdog"}})
+	plan := l.decide()
+	if len(plan.Deregister) != 1 || plan.Deregister[0].ID != r.Attempt {
+		t.Fatalf("host lost: deregister %v, want %s", plan.Deregister, r.Attempt)
+	}
+	if _, ok := attempts(plan.Release)[r.Attempt]; ok {
+		t.Fatalf("released on the host's silence alone")
+	}
+	if got := params.Expired(l.f, l.f.Attempts[r.Attempt]); got != events.ReleaseHostLost {
+		t.Fatalf("Expired = %q, want %q", got, events.ReleaseHostLost)
 	}
 }

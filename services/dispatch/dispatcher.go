@@ -155,6 +155,16 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 	for _, u := range plan.Unschedulable {
 		d.append(ctx, now, u, nil)
 	}
+	for _, c := range plan.Conflicts {
+		if d.inFlight(c.EventID(), now) {
+			continue // appended, not folded back yet: counted once
+		}
+		if d.append(ctx, now, c, nil) == nil {
+			d.metrics.conflicts.Inc()
+			d.opts.Logger.Warn("GitHub reported a job on a runner that runs another job; the runner keeps its first job and this job gets a VM of its own (BL-17)",
+				"job", c.JobID, "runner", c.Runner, "runner_job", c.BoundJob)
+		}
+	}
 	if blocked, until := d.rateLimited(now); blocked {
 		// Call GitHub for nothing until it allows calls again: no bookings
 		// to mint for, no mints, no deregistrations; demand waits.
@@ -255,7 +265,10 @@ func (d *Dispatcher) append(ctx context.Context, now time.Time, p events.Payload
 	if expect != nil && !dup {
 		// Not on a duplicate: the fact stored under this id may be another
 		// replica's, with other contents (another host for the same
-		// attempt); the fold must learn it from the log, not from us.
+		// attempt); the fold must learn it from the log, not from us. A
+		// clustered stream answers duplicate before it checks the expected
+		// sequence, so this is reached whenever a lagging replica books an
+		// attempt id another already booked.
 		d.foldOwn(ev, seq)
 	}
 	d.opts.Logger.Debug("appended", "event", ev.ID, "type", ev.Type(), "seq", seq)
@@ -466,7 +479,7 @@ func (d *Dispatcher) deregister(ctx context.Context, now time.Time, a *events.At
 				if cur := d.fleet.Attempts[ref.Attempt]; cur != nil && cur.Held() && d.fleet.BoundJob(ref.Attempt) == 0 {
 					params := d.opts.Params
 					params.Now = d.opts.Now()
-					reason := params.Expired(cur)
+					reason := params.Expired(d.fleet, cur)
 					if reason == "" {
 						reason = events.ReleaseSurplus
 					}

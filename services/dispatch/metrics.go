@@ -19,6 +19,7 @@ type Metrics struct {
 	mintSeconds  prometheus.Histogram
 	apiRemaining prometheus.Gauge
 	apiBlocked   prometheus.Gauge
+	conflicts    prometheus.Counter
 }
 
 // NewMetrics registers the dispatcher's series on reg.
@@ -42,7 +43,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "GitHub API requests left in the current window, from the last answer's x-ratelimit-remaining."})
 	m.apiBlocked = prometheus.NewGauge(prometheus.GaugeOpts{Name: "berth_github_api_blocked_seconds",
 		Help: "Seconds until GitHub allows calls again (0: not rate limited)."})
-	reg.MustRegister(m.apiRemaining, m.apiBlocked)
+	m.conflicts = prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_job_conflicts_total",
+		Help: "Jobs GitHub reported in progress on a runner already bound to another job (BL-17)."})
+	reg.MustRegister(m.apiRemaining, m.apiBlocked, m.conflicts)
 	reg.MustRegister(m.webhooks, m.skippedTotal, m.held, m.capacity, m.demand, m.mintSeconds)
 	return m
 }

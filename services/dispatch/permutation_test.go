@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -19,7 +20,7 @@ func (l *log) react() {
 	for round := 0; round < 20; round++ {
 		plan := l.decide()
 		l.apply(plan)
-		moved := len(plan.Release)+len(plan.Teardown)+len(plan.Unschedulable)+len(plan.Reserve) > 0
+		moved := len(plan.Release)+len(plan.Teardown)+len(plan.Unschedulable)+len(plan.Reserve)+len(plan.Conflicts) > 0
 		for _, a := range l.f.Attempts {
 			r := events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}
 			switch {
@@ -139,26 +140,47 @@ func TestAStaleWaitingAfterQueuedKeepsTheDemand(t *testing.T) {
 	}
 }
 
-// BL-17, in part: GitHub reports a second job in progress on a runner that
-// already runs one. The runner's VM is bound to its first job: the second
-// in_progress neither tears it down nor moves its binding, and it is
-// stopped only when the first job completes, with one release. (Not done:
-// BL-17's "job.conflict" fact and a VM of its own for the second job; Berth
-// takes GitHub's in_progress as the job being taken.)
-func TestASecondJobOnABusyRunnerDoesNotStopItsVM(t *testing.T) {
+// BL-17: GitHub reports a second job in progress on a runner that already
+// runs one. One VM runs one job: the second binding is rejected in state
+// (a job.conflict fact, once), the runner's VM stays bound to its first job
+// and is stopped only when that job completes, with one release; the second
+// job stays demand and is booked a VM of its own, released when it
+// completes.
+func TestASecondJobOnABusyRunnerGetsAVMOfItsOwn(t *testing.T) {
 	l := given(t).add(host("h-a", 3, 3)).add(running(1, "h-a")...).add(queued(2))
 	l.react()
+	first := l.f.Attempts[attempt(2, 1)] // booked for job 2 while queued
 	l.add(inProgress(2, attempt(1, 1)))
+	plan := l.decide()
+	want := []events.JobConflict{{JobID: 2, Runner: attempt(1, 1), BoundJob: 1}}
+	if !reflect.DeepEqual(plan.Conflicts, want) {
+		t.Fatalf("conflicts %+v, want %+v", plan.Conflicts, want)
+	}
 	l.react()
+	if plan := l.decide(); len(plan.Conflicts) != 0 {
+		t.Fatalf("conflict recorded again: %+v", plan.Conflicts)
+	}
 	a := l.f.Attempts[attempt(1, 1)]
 	if !a.Held() || a.TeardownReq || l.f.BoundJob(a.ID) != 1 {
 		t.Fatalf("after a second in_progress on its runner: held %v, teardown %v, bound to %d; want held, running job 1",
 			a.Held(), a.TeardownReq, l.f.BoundJob(a.ID))
 	}
+	if first == nil || !first.Held() {
+		t.Fatalf("job 2's own booking %+v: want it kept, job 2 is still demand", first)
+	}
 	l.add(completed(1, attempt(1, 1), "success"))
 	l.react()
-	if !a.TeardownReq || a.Held() {
-		t.Fatalf("job 1 completed: teardown %v, held %v; want the VM stopped and its slot back", a.TeardownReq, a.Held())
+	if !a.TeardownReq || a.Held() || !first.Held() {
+		t.Fatalf("job 1 completed: its VM teardown %v, held %v; job 2's booking held %v; want job 1's VM stopped, job 2's kept",
+			a.TeardownReq, a.Held(), first.Held())
+	}
+	l.add(completed(2, attempt(1, 1), "failure"))
+	l.react()
+	if first.Held() {
+		t.Fatalf("job 2 completed: its own booking is still held")
+	}
+	if a.Releases() != 1 {
+		t.Fatalf("job 1's attempt released %d times, want 1", a.Releases())
 	}
 	if vs := l.f.Check(); len(vs) > 0 {
 		t.Fatalf("invariants: %v", vs)

@@ -110,7 +110,7 @@ func Decide(f *events.Fleet, now time.Time, heartbeats map[string]time.Time, p P
 		ref := events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}
 		bound := f.BoundJob(a.ID)
 		switch {
-		case a.Held() && lost[a.Host]:
+		case a.Held() && lost[a.Host] && lostRelease(a, bound, f.Hosts[a.Host], now, p.HostTTL):
 			plan.release(a, events.ReleaseHostLost)
 		case a.Held() && bound == 0 && !a.RunnerStarted && !a.Failed && now.Sub(a.ReservedAt) > fallback(a, p.ProvisionTimeout):
 			plan.release(a, events.ReleaseProvisionTimeout)
@@ -130,6 +130,27 @@ func Decide(f *events.Fleet, now time.Time, heartbeats map[string]time.Time, p P
 	plan.leakAlarms(f, now, leaks)
 	plan.Demand = waiting(f, now, p)
 	return plan
+}
+
+// lostRelease says whether a held attempt on a lost host is released now.
+// Heartbeat silence is a negative read (law 7): a NATS outage or a
+// partition silences a host whose VMs still run their jobs. So an attempt
+// whose runner took a job keeps its slot (the job's completed webhook
+// releases it; GitHub fails a job whose runner vanished, and MaxJobDuration
+// is the backstop), and a registered runner is first deregistered by the
+// dispatcher (GitHub refuses with 422 while it runs a job); the watchdog
+// releases it on the silence alone only FallbackFactor × HostTTL after the
+// host was declared lost. An attempt with no runner registered yet is
+// released at once.
+func lostRelease(a *events.Attempt, bound int64, h *events.Host, now time.Time, ttl time.Duration) bool {
+	switch {
+	case bound != 0:
+		return false
+	case a.Placed && a.RunnerID != 0:
+		// Declared lost in this very round, the host's loss is not folded yet.
+		return h != nil && h.State == events.HostStateLost && now.Sub(h.StateAt) > FallbackFactor*ttl
+	}
+	return true
 }
 
 func overran(j *events.Job, now time.Time, limit time.Duration) bool {

@@ -173,13 +173,23 @@ func TestTeardownDeadlineAbandonsTheStop(t *testing.T) {
 	}
 }
 
-// BL-06: the host stops heartbeating (crashed agent, rebooted host); every
-// slot held on it goes back, whatever its attempts were doing.
-func TestHostLostReleasesEverySlotHeldOnIt(t *testing.T) {
+// BL-06: the host stops heartbeating (crashed agent, rebooted host). Its
+// silence is a negative read (law 7): a NATS outage silences hosts whose VMs
+// still run. So a slot whose runner took a job stays held (the job's
+// completed webhook releases it); a booking with no runner registered goes
+// back at once; a registered, idle runner is left to the dispatcher, which
+// deletes its registration first, and the watchdog releases it on the
+// silence alone only FallbackFactor × HostTTL after the host was lost.
+func TestHostLostReleasesOnlyWhatNoRunningJobHolds(t *testing.T) {
 	now := 5 * time.Minute
+	registered := func(id int64, h string) []events.Payload {
+		return []events.Payload{&events.JobQueued{JobRef: job(id)}, reserve(id, h),
+			&events.AttemptPlaced{AttemptRef: aref(id, h), JobID: id, RunnerID: 700 + id}}
+	}
 	l := given().at(0, host("h-a"), host("h-b")).at(0, running(1, "h-a")...).at(0, placed(2, "h-a")...)
 	l.at(0, running(3, "h-a")...).at(time.Minute, &events.JobCompleted{JobRef: job(3), RunnerName: "berth-3-1"},
 		release(3, "h-a", events.ReleaseCompleted)).at(0, running(4, "h-b")...)
+	l.at(0, registered(5, "h-a")...).at(0, &events.JobQueued{JobRef: job(6)}, reserve(6, "h-a"))
 	fresh := map[string]time.Duration{"h-a": params.HostTTL - time.Second, "h-b": time.Second}
 	stale := map[string]time.Duration{"h-a": params.HostTTL + time.Second, "h-b": time.Second}
 
@@ -190,15 +200,24 @@ func TestHostLostReleasesEverySlotHeldOnIt(t *testing.T) {
 	if len(plan.Lost) != 1 || plan.Lost[0].Host != "h-a" || !plan.Lost[0].At.Equal(t0.Add(now)) || plan.Lost[0].Reason == "" {
 		t.Fatalf("lost %+v, want h-a lost now with a reason", plan.Lost)
 	}
-	want := map[string]string{"berth-1-1": events.ReleaseHostLost, "berth-2-1": events.ReleaseHostLost}
-	if got := released(plan.Release); !reflect.DeepEqual(got, want) || len(plan.Teardown) != 2 {
-		t.Fatalf("release %v teardown %d, want %v (not berth-3-1 again, not h-b's) and their teardowns", got, len(plan.Teardown), want)
+	atOnce := map[string]string{"berth-2-1": events.ReleaseHostLost, "berth-6-1": events.ReleaseHostLost}
+	if got := released(plan.Release); !reflect.DeepEqual(got, atOnce) || len(plan.Teardown) != 1 {
+		t.Fatalf("release %v teardown %d, want %v (not berth-1-1 whose job runs, not berth-5-1 whose runner is registered, "+
+			"not berth-3-1 again, not h-b's) and berth-2-1's teardown", got, len(plan.Teardown), atOnce)
 	}
 
 	l.at(now, &plan.Lost[0])
 	plan = l.decide(now+time.Second, stale)
-	if got := released(plan.Release); len(plan.Lost) != 0 || !reflect.DeepEqual(got, want) {
-		t.Fatalf("host lost folded, slots not yet: lost %+v release %v, want no second loss and %v", plan.Lost, got, want)
+	if got := released(plan.Release); len(plan.Lost) != 0 || !reflect.DeepEqual(got, atOnce) {
+		t.Fatalf("host lost folded, slots not yet: lost %+v release %v, want no second loss and %v", plan.Lost, got, atOnce)
+	}
+	late := now + watchdog.FallbackFactor*params.HostTTL
+	if got := released(l.decide(late, stale).Release); got["berth-5-1"] != "" {
+		t.Fatalf("registered runner released at the fallback itself: %v", got)
+	}
+	got := released(l.decide(late+time.Second, stale).Release)
+	if got["berth-5-1"] != events.ReleaseHostLost || got["berth-1-1"] != "" {
+		t.Fatalf("after %d× the ttl: release %v, want berth-5-1 released and berth-1-1 (job running) still held", watchdog.FallbackFactor, got)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // cluster starts the three nodes of deploy/nats/cluster on loopback: each
@@ -79,18 +80,7 @@ func TestKillingTheStreamLeaderLosesAndDoublesNothing(t *testing.T) {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	for {
-		actx, acancel := context.WithTimeout(ctx, 3*time.Second)
-		_, err = eventlog.EnsureStream(actx, js, eventlog.StreamConfig{Replicas: 3})
-		acancel()
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("R3 stream never created: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond) // the cluster is electing its meta leader
-	}
+	ensureR3(ctx, t, js)
 	app := &eventlog.Appender{JS: js, Source: "test", Timeout: 2 * time.Second}
 	const total = 600
 	var killedAt time.Time
@@ -141,4 +131,71 @@ func TestKillingTheStreamLeaderLosesAndDoublesNothing(t *testing.T) {
 		t.Fatalf("%d jobs in %d stored facts, want exactly %d of each", len(f.Jobs), f.LastSeq, total)
 	}
 	t.Logf("leader killed after %d facts; appends resumed after %v", total/3, resumed.Round(time.Millisecond))
+}
+
+// ensureR3 creates the R3 stream once the cluster has elected its meta
+// leader.
+func ensureR3(ctx context.Context, t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	for {
+		actx, acancel := context.WithTimeout(ctx, 3*time.Second)
+		_, err := eventlog.EnsureStream(actx, js, eventlog.StreamConfig{Replicas: 3})
+		acancel()
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("R3 stream never created: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond) // the cluster is electing its meta leader
+	}
+}
+
+// Given a clustered stream holding one replica's booking of an attempt,
+// when a lagging replica books the same attempt id for another host with
+// a stale expected ledger sequence, then the server answers "duplicate"
+// with the first booking's sequence instead of a conflict: a clustered
+// stream checks the Nats-Msg-Id before the expected sequence (nats-server
+// v2.15.2, checkMsgHeadersPreClusteredProposal), where a single server
+// checks the sequence first. So a writer may not take a duplicate answer
+// for its own contents: the dispatcher folds its own ledger fact only when
+// the answer is not a duplicate (found by the chaos run: a replica that
+// folded its own version placed the attempt on a host nobody tore down).
+func TestAClusteredDuplicateBookingAnswersDuplicateNotConflict(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 3-node cluster takes a few seconds")
+	}
+	_, urls := cluster(t)
+	nc, js, err := eventlog.Connect(urls, t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ensureR3(ctx, t, js)
+	app := &eventlog.Appender{JS: js, Source: "test", Timeout: 5 * time.Second}
+	book := func(host string) events.Event {
+		return app.New(time.Now(), events.SlotReserved{Pool: "linux", Host: host, Attempt: events.AttemptID(7, 3), JobID: 7, N: 3, Labels: []string{"x"}})
+	}
+	empty := uint64(0)
+	first, dup, err := app.Append(ctx, book("host-b"), &empty)
+	if err != nil || dup {
+		t.Fatalf("first booking: seq %d dup %v err %v", first, dup, err)
+	}
+	seq, dup, err := app.Append(ctx, book("host-a"), &empty)
+	if err != nil || !dup || seq != first {
+		t.Fatalf("same id, other host, stale expected sequence: seq %d dup %v err %v; want the first's seq %d as a duplicate", seq, dup, err, first)
+	}
+	other := app.New(time.Now(), events.SlotReserved{Pool: "linux", Host: "host-a", Attempt: events.AttemptID(8, 1), JobID: 8, N: 1, Labels: []string{"x"}})
+	if _, _, err := app.Append(ctx, other, &empty); !errors.Is(err, eventlog.ErrConflict) {
+		t.Fatalf("new id, stale expected sequence: err %v, want ErrConflict", err)
+	}
+	f, err := eventlog.Replay(ctx, js, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := f.Attempts[events.AttemptID(7, 3)]; a == nil || a.Host != "host-b" || f.LastSeq != first {
+		t.Fatalf("log holds %+v up to seq %d; want only the first booking, on host-b", a, f.LastSeq)
+	}
 }

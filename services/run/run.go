@@ -479,6 +479,7 @@ func Agent(ctx context.Context, s *System, cfg *config.Config, ac config.Agent, 
 	}
 	be := exec.New(ac.Backend.Exec.Create, ac.Backend.Exec.Stop, ac.Backend.Exec.Env).
 		WithList(ac.Backend.Exec.List, filepath.Join(cfg.DataDir, "agents", ac.Host, "attempts"))
+	be.Host = ac.Host
 	return AgentWith(ctx, s, cfg, ac, be, logger)
 }
 

@@ -97,6 +97,13 @@ func New(js jetstream.JetStream, app *eventlog.Appender, b backend.Backend, opts
 		opts.Logger = slog.Default()
 	}
 	opts.Logger = opts.Logger.With("host", opts.Host)
+	if bc := b.PhysicalCap(); bc > 0 && (opts.PhysicalCap <= 0 || opts.PhysicalCap > bc) {
+		if opts.PhysicalCap > bc {
+			opts.Logger.Warn("physical_cap is above the backend's own limit; advertising the backend's",
+				"physical_cap", opts.PhysicalCap, "backend_cap", bc, "backend", b.Name())
+		}
+		opts.PhysicalCap = bc
+	}
 	if err := os.MkdirAll(filepath.Join(opts.DataDir, "attempts"), 0o700); err != nil {
 		return nil, fmt.Errorf("agent data dir: %w", err)
 	}

@@ -286,3 +286,30 @@ func TestAgentHeartbeatsUnderItsHostName(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Given a backend with a physical limit of its own (vz: 2 macOS guests),
+// when the agent's physical_cap asks for more, then the host is advertised
+// with the backend's limit; when it asks for less, its own. A backend with
+// no limit (0) leaves physical_cap as configured.
+func TestAgentAdvertisesTheSmallerOfItsAndTheBackendsPhysicalCap(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, nil)
+	advertised := func() int {
+		all := h.find(func(e events.Event) bool { _, ok := e.Data.(*events.HostOnline); return ok })
+		return all[len(all)-1].Data.(*events.HostOnline).PhysicalCap
+	}
+	if got := advertised(); got != 4 {
+		t.Fatalf("backend without a limit: physical cap %d, want the configured 4", got)
+	}
+	for _, c := range []struct{ configured, backend, want int }{{4, 2, 2}, {1, 2, 1}, {0, 2, 2}} {
+		h.stop()
+		h.be.mu.Lock()
+		h.be.physicalCap = c.backend
+		h.be.mu.Unlock()
+		h.opts.PhysicalCap = c.configured
+		h.startAgent(t)
+		if got := advertised(); got != c.want {
+			t.Errorf("physical_cap %d, backend limit %d: advertised %d, want %d", c.configured, c.backend, got, c.want)
+		}
+	}
+}

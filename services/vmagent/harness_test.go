@@ -56,6 +56,8 @@ type fakeBackend struct {
 	inventory []string
 	listErr   error
 	calls     map[string][]call
+	// physicalCap is what PhysicalCap reports.
+	physicalCap int
 }
 
 func newFakeBackend() *fakeBackend {
@@ -63,6 +65,8 @@ func newFakeBackend() *fakeBackend {
 }
 
 func (f *fakeBackend) Name() string { return "fake" }
+
+func (f *fakeBackend) PhysicalCap() int { return f.physicalCap }
 
 func (f *fakeBackend) Create(ctx context.Context, vm backend.VM) error { return f.do("create", vm) }
 

@@ -46,6 +46,9 @@ func NewInProc(wedge bool) *InProc {
 // Name implements backend.Backend.
 func (b *InProc) Name() string { return "bench-inproc" }
 
+// PhysicalCap implements backend.Backend: no limit of its own.
+func (b *InProc) PhysicalCap() int { return 0 }
+
 // Create implements backend.Backend: it starts the runner and returns.
 func (b *InProc) Create(ctx context.Context, vm backend.VM) error {
 	raw, err := os.ReadFile(vm.JITConfigFile)

@@ -41,4 +41,9 @@ type Backend interface {
 	// List returns the attempt ids of the VMs that exist on the host, as the
 	// hypervisor or cloud sees them, or ErrNoInventory.
 	List(ctx context.Context) ([]string, error)
+	// PhysicalCap is how many VMs the host can run at once by the backend's
+	// own limit (vz: 2 macOS guests, Apple's licence and the framework's
+	// cap), or 0 when the backend has none and the agent's physical_cap
+	// alone decides. The agent advertises the smaller of the two.
+	PhysicalCap() int
 }

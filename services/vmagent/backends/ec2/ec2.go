@@ -249,6 +249,11 @@ func (b *Backend) Close() {
 // Name implements backend.Backend.
 func (b *Backend) Name() string { return "ec2" }
 
+// PhysicalCap implements backend.Backend: the cloud sets no per-host limit
+// Berth can read (account quotas answer InsufficientInstanceCapacity or
+// a limit error on create); the agent's physical_cap decides.
+func (b *Backend) PhysicalCap() int { return 0 }
+
 // fallback is what Create does after a RunInstances error.
 type fallback int
 

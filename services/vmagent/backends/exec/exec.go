@@ -14,8 +14,8 @@
 //	BERTH_WORK_DIR         a directory owned by this attempt alone
 //
 // The optional list step (BERTH_STEP=list) gets BERTH_ATTEMPTS_DIR, the
-// parent of every attempt's work dir, and prints the attempt ids of the VMs
-// that exist, one per line. Without a list command the agent sweeps nothing.
+// parent of every attempt's work dir, and BERTH_HOST, and prints the attempt
+// ids of this host's VMs that exist, one per line. Without a list command the agent sweeps nothing.
 //
 // Exit 0 is success; anything else is a failure whose last output lines are
 // reported. When the step's deadline passes, its whole process group is
@@ -44,6 +44,10 @@ type Backend struct {
 	StopCmd   []string
 	ListCmd   []string
 	Env       map[string]string
+	// Host is the agent's host name, given to the list step as BERTH_HOST
+	// (a backend shared by several hosts, such as one Docker engine, lists
+	// only this host's VMs).
+	Host string
 
 	attemptsDir string
 }
@@ -65,7 +69,7 @@ func (b *Backend) List(ctx context.Context) ([]string, error) {
 		return nil, backend.ErrNoInventory
 	}
 	out := &capped{max: 1 << 20}
-	cmd := b.command(ctx, b.ListCmd, "BERTH_STEP=list", "BERTH_ATTEMPTS_DIR="+b.attemptsDir)
+	cmd := b.command(ctx, b.ListCmd, "BERTH_STEP=list", "BERTH_ATTEMPTS_DIR="+b.attemptsDir, "BERTH_HOST="+b.Host)
 	var errOut tail
 	cmd.Stdout, cmd.Stderr = out, &errOut
 	if err := cmd.Run(); err != nil && !(errors.Is(err, osexec.ErrWaitDelay) && cmd.ProcessState.Success()) {
@@ -82,6 +86,10 @@ func (b *Backend) List(ctx context.Context) ([]string, error) {
 
 // Name implements backend.Backend.
 func (b *Backend) Name() string { return "exec" }
+
+// PhysicalCap implements backend.Backend: the commands set no limit of
+// their own; the agent's physical_cap decides.
+func (b *Backend) PhysicalCap() int { return 0 }
 
 // Create implements backend.Backend.
 func (b *Backend) Create(ctx context.Context, vm backend.VM) error {

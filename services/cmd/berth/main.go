@@ -14,6 +14,7 @@ import (
 	"github.com/berth-ci/berth/services/cli"
 	"github.com/berth-ci/berth/services/config"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/logx"
 	"github.com/berth-ci/berth/services/run"
 	"github.com/spf13/cobra"
 )
@@ -58,16 +59,19 @@ func main() {
 }
 
 func root() *cobra.Command {
-	var natsURL, logLevel string
+	var natsURL, logLevel, logFormat string
 	cmd := &cobra.Command{
 		Use:           "berth",
 		Short:         "Ephemeral VMs for GitHub Actions jobs, over an event log in NATS JetStream",
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		PersistentPreRun: func(cmd *cobra.Command, args []string) {
-			var lvl slog.Level
-			_ = lvl.UnmarshalText([]byte(logLevel))
-			slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})))
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			logger, err := logx.New(os.Stderr, logLevel, logFormat)
+			if err != nil {
+				return usageError{err}
+			}
+			slog.SetDefault(logger)
+			return nil
 		},
 	}
 	def := os.Getenv("BERTH_NATS_URL")
@@ -77,6 +81,12 @@ func root() *cobra.Command {
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	cmd.PersistentFlags().StringVar(&natsURL, "nats", def, "NATS server URL (env BERTH_NATS_URL)")
 	cmd.PersistentFlags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	format := os.Getenv("BERTH_LOG_FORMAT")
+	if format == "" {
+		format = logx.FormatAuto
+	}
+	cmd.PersistentFlags().StringVar(&logFormat, "log-format", format,
+		"auto (text on a terminal, JSON otherwise), json or text; secrets are redacted in all (env BERTH_LOG_FORMAT)")
 	cmd.AddCommand(devCmd(), serviceCmd("dispatcher", &natsURL), serviceCmd("watchdog", &natsURL), agentCmd(&natsURL),
 		statusCmd(&natsURL), eventsCmd(&natsURL), replayCmd(&natsURL),
 		hostActionCmd(&natsURL, "cordon", "Stop placing new jobs on a host (running jobs go on)"),

@@ -74,6 +74,7 @@ type Dispatcher struct {
 	lastCompact  time.Time
 	warnedUntil  time.Time
 	lastObserve  time.Time
+	started      time.Time // facts older than this are not observed as latencies
 	lastRecon    time.Time
 	busy         map[string]time.Time // attempts GitHub reported busy → leave alone until
 	redelivered  map[string]time.Time // delivery GUIDs asked for again → when
@@ -105,7 +106,7 @@ func New(loop *eventlog.Loop, app *eventlog.Appender, m Minter, opts Options, me
 	pub, _ := kp.PublicKey()
 	return &Dispatcher{Loop: loop, log: app, minter: m, opts: opts, curve: kp, curvePub: pub,
 		metrics: metrics, fleet: events.NewFleet(), pending: map[string]time.Time{}, busy: map[string]time.Time{},
-		redelivered: map[string]time.Time{}}, nil
+		redelivered: map[string]time.Time{}, started: opts.Now()}, nil
 }
 
 // Run drives the dispatcher until ctx ends, then waits for its mints.
@@ -122,8 +123,39 @@ func (d *Dispatcher) Apply(del eventlog.Delivered) {
 		d.fleet.Skip(del.Event.Seq, del.Event.Subject)
 		return
 	}
+	d.observeLatency(del.Event)
 	d.fleet.Apply(del.Event)
 	delete(d.pending, del.Event.ID)
+}
+
+// observeLatency feeds the queue-time and time-to-runner-online histograms
+// from a fact about to be folded, the first time it moves its job or
+// attempt. Facts older than this dispatcher's start are not observed, so a
+// restart's replay counts nothing twice.
+func (d *Dispatcher) observeLatency(e events.Event) {
+	if e.Time.Before(d.started) {
+		return
+	}
+	switch v := e.Data.(type) {
+	case *events.JobInProgress:
+		j := d.fleet.Jobs[v.JobID]
+		if j == nil || j.QueuedAt.IsZero() || j.Status >= events.StatusInProgress {
+			return
+		}
+		pool := "unknown" // a runner that is not Berth's
+		if a := d.fleet.Attempts[v.RunnerName]; a != nil {
+			pool = a.Pool
+		}
+		d.metrics.queueSeconds.WithLabelValues(pool).Observe(e.Time.Sub(j.QueuedAt).Seconds())
+	case *events.AttemptRunnerStarted:
+		a := d.fleet.Attempts[v.Attempt]
+		if a == nil || a.RunnerStarted {
+			return
+		}
+		if j := d.fleet.Jobs[a.JobID]; j != nil && !j.QueuedAt.IsZero() {
+			d.metrics.onlineSeconds.WithLabelValues(a.Pool).Observe(e.Time.Sub(j.QueuedAt).Seconds())
+		}
+	}
 }
 
 // pendingFor is how long an appended fact or a mint is trusted to show up

@@ -20,7 +20,14 @@ type Metrics struct {
 	apiRemaining prometheus.Gauge
 	apiBlocked   prometheus.Gauge
 	conflicts    prometheus.Counter
+	// queueSeconds: queued → a runner took the job; onlineSeconds: queued →
+	// the runner booked for it started. Both per pool.
+	queueSeconds, onlineSeconds *prometheus.HistogramVec
 }
+
+// latencyBuckets span a warm hit (under a second) to a long wait for a
+// slot (an hour), in seconds.
+var latencyBuckets = []float64{0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600}
 
 // NewMetrics registers the dispatcher's series on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -45,7 +52,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Seconds until GitHub allows calls again (0: not rate limited)."})
 	m.conflicts = prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_job_conflicts_total",
 		Help: "Jobs GitHub reported in progress on a runner already bound to another job (BL-17)."})
-	reg.MustRegister(m.apiRemaining, m.apiBlocked, m.conflicts)
+	m.queueSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "berth_job_queue_seconds",
+		Help: "Time from a job's queued webhook to the in_progress webhook of the runner that took it, per pool.", Buckets: latencyBuckets},
+		[]string{"pool"})
+	m.onlineSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "berth_runner_online_seconds",
+		Help: "Time from a job's queued webhook to the start of the runner booked for it, per pool.", Buckets: latencyBuckets},
+		[]string{"pool"})
+	reg.MustRegister(m.apiRemaining, m.apiBlocked, m.conflicts, m.queueSeconds, m.onlineSeconds)
+	for _, reason := range []string{"unknown_type", "malformed", "poison"} {
+		m.skippedTotal.WithLabelValues(reason) // exported at 0 from the start, so rates and alerts see it
+	}
 	reg.MustRegister(m.webhooks, m.skippedTotal, m.held, m.capacity, m.demand, m.mintSeconds)
 	return m
 }

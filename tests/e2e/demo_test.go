@@ -43,6 +43,7 @@ func TestDemoPathServesEveryJobOnceAndLeavesNothing(t *testing.T) {
 	}
 	jobs := f.Sim.Jobs()
 	checkSchemas(t, ctx, f.Sys.NATSURL)
+	checkDashboard(t, ctx, f.Sys)
 	if err := f.Stop(); err != nil {
 		t.Errorf("shutdown: %v", err)
 	}

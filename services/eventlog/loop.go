@@ -64,6 +64,7 @@ type Loop struct {
 	inbox     chan func()
 	once      sync.Once
 	caughtUp  atomic.Bool
+	target    atomic.Uint64 // the newest matching fact when the loop started (or at the last tick before it caught up)
 	lastSeq   atomic.Uint64
 	progress  atomic.Int64 // unix nanos of the loop's last turn
 }
@@ -121,13 +122,21 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	l.progress.Store(time.Now().UnixNano())
-	// An empty log (or one the snapshot already covers) is caught up at
-	// once; otherwise the first delivery tells.
-	if last, err := LastSeq(ctx, l.JS); err == nil && last <= snap.seq {
-		l.caughtUp.Store(true)
-		r.Decide(ctx) // nothing will arrive to trigger it before the first tick
+	// Caught up means the fold holds every fact the filters match that was
+	// in the log at start: only then may Decide act (an agent deciding on a
+	// fold that has an attempt's placement but not yet its later facts
+	// would create a VM that was created and stopped long ago). A log the
+	// snapshot already covers is caught up at once; otherwise a delivery
+	// with nothing pending after it, or reaching the target, tells. Silence
+	// is never taken for "caught up": a consumer stalled by a NATS outage
+	// delivers nothing for a while.
+	if target, err := l.filteredLast(ctx); err == nil {
+		l.target.Store(target)
+		if target <= snap.seq {
+			l.caughtUp.Store(true)
+			r.Decide(ctx) // nothing will arrive to trigger it before the first tick
+		}
 	}
-	quiet := 0
 	var batch []Delivered // applied, not yet acked
 	for {
 		decide := false
@@ -146,10 +155,15 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 			decide = true
 		case <-t.C:
 			decide = true
-			// A filter that matches nothing yet delivers nothing: after two
-			// quiet ticks there is nothing to catch up with.
-			if quiet++; quiet >= 2 && l.lastSeq.Load() == snap.seq {
-				l.caughtUp.Store(true)
+			if !l.caughtUp.Load() {
+				// Asked again each tick: the start's read may have failed,
+				// and facts up to the target may have expired since.
+				if target, err := l.filteredLast(ctx); err == nil {
+					l.target.Store(target)
+					if target <= max(snap.seq, l.lastSeq.Load()) {
+						l.caughtUp.Store(true)
+					}
+				}
 			}
 			l.save(ctx, snap)
 		case d := <-ch:
@@ -200,10 +214,36 @@ func (l *Loop) apply(ctx context.Context, r Reactor, d Delivered, batch []Delive
 		batch = append(batch, d)
 	}
 	l.lastSeq.Store(max(l.lastSeq.Load(), d.Event.Seq))
-	if d.Pending == 0 {
+	if d.Pending == 0 || (l.target.Load() > 0 && d.Event.Seq >= l.target.Load()) {
 		l.caughtUp.Store(true)
 	}
 	return batch
+}
+
+// filteredLast returns the sequence of the newest fact the loop's filters
+// match (0: none), the point the fold must reach before Decide may act.
+func (l *Loop) filteredLast(ctx context.Context) (uint64, error) {
+	if len(l.Filters) == 0 {
+		return LastSeq(ctx, l.JS)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	s, err := l.JS.Stream(ctx, events.StreamName)
+	if err != nil {
+		return 0, err
+	}
+	var last uint64
+	for _, f := range l.Filters {
+		m, err := s.GetLastMsgForSubject(ctx, f) // wildcards allowed (JetStream's last_by_subj)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+		case err != nil:
+			return 0, err
+		default:
+			last = max(last, m.Sequence)
+		}
+	}
+	return last, nil
 }
 
 // decide runs Decide; while it runs longer than a third of AckWait, the

@@ -265,6 +265,10 @@ func TestRestartAfterOldFactsExpiredComesBackThroughTheSnapshot(t *testing.T) {
 	js, app := startWith(t, eventlog.StreamConfig{MaxMsgs: 25})
 	h := newHistory(t, app)
 	first := startService(t, js, "test")
+	// Following the head before the history is written: the history
+	// overruns the stream's cap, and a fold that starts late would only
+	// ever see the newest 25 facts.
+	waitFor(t, "first service caught up with the empty log", first.loop.CaughtUp)
 	h.host("host-a")
 	for i := range 14 {
 		h.job("host-a", i%3 != 0)

@@ -63,16 +63,19 @@ fmt-check:
 clean:
 	rm -rf $(BIN) data
 
-## images: berth and nats images FROM scratch, from static binaries built here
+## images: berth, nats and demo (berth + the GitHub simulator) images FROM scratch, from static binaries built here
 ## (linux binaries for the host's CPU, also when make runs on macOS)
 IMAGE_DIR := $(BIN)/images
 images:
-	mkdir -p $(IMAGE_DIR)/berth $(IMAGE_DIR)/nats
+	mkdir -p $(IMAGE_DIR)/berth $(IMAGE_DIR)/nats $(IMAGE_DIR)/demo
 	CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -o $(IMAGE_DIR)/berth/berth ./services/cmd/berth
+	CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -o $(IMAGE_DIR)/demo/ghsim ./tests/cmd/ghsim
+	cp $(IMAGE_DIR)/berth/berth $(IMAGE_DIR)/demo/
 	cd services && CGO_ENABLED=0 GOOS=linux GOWORK=off $(GO) build -trimpath -o $(IMAGE_DIR)/nats/nats-server github.com/nats-io/nats-server/v2
 	cp deploy/nats/nats.conf $(IMAGE_DIR)/nats/
 	docker build -q -t berth/berth:local -f deploy/docker/berth.Dockerfile $(IMAGE_DIR)/berth
 	docker build -q -t berth/nats:local -f deploy/docker/nats.Dockerfile $(IMAGE_DIR)/nats
+	docker build -q -t berth/demo:local -f deploy/docker/demo.Dockerfile $(IMAGE_DIR)/demo
 
 ## vz-test: on a Mac with Apple silicon: vet and test the vz backend with Virtualization.framework,
 ## and build a signed bin/berth (BERTH_VZ_BASE_IMAGE=DIR also boots a real guest)

@@ -181,13 +181,14 @@ func TestComposeConfig(t *testing.T) {
 		}
 	}
 	slices.Sort(defaults)
-	if want := []string{"dispatcher", "nats", "watchdog"}; !slices.Equal(defaults, want) {
+	if want := []string{"agent", "dispatcher", "nats", "watchdog"}; !slices.Equal(defaults, want) {
 		t.Errorf("services without a profile (the default stack): %v, want %v", defaults, want)
 	}
 	for svc, want := range map[string][]string{
 		"nats":       {"127.0.0.1:4222", "127.0.0.1:8222"},
 		"dispatcher": {"127.0.0.1:8080"},
 		"watchdog":   {"127.0.0.1:8081"},
+		"agent":      {"127.0.0.1:8086"},
 	} {
 		if got := def[svc].ports(t); !slices.Equal(got, want) {
 			t.Errorf("default %s publishes %v, want %v", svc, got, want)
@@ -285,16 +286,25 @@ func (s composeService) mount(t testing.TB, target string) string {
 	return ""
 }
 
-// stack is one run of the ha profile under a project name of its own.
+// stack is one run of docker-compose.yml under a project name of its own,
+// with the ha profile or an env file (the demo's).
 type stack struct {
 	cmd     []string
 	root    string
 	project string
 	env     []string
+	envFile string // given as --env-file; empty: the ha profile
 }
 
 func (s *stack) compose(ctx context.Context, args ...string) (string, error) {
-	full := append(slices.Clone(s.cmd[1:]), "-f", filepath.Join(s.root, "docker-compose.yml"), "-p", s.project, "--profile", "ha")
+	full := slices.Clone(s.cmd[1:])
+	if s.envFile != "" {
+		full = append(full, "--env-file", s.envFile)
+	}
+	full = append(full, "-f", filepath.Join(s.root, "docker-compose.yml"), "-p", s.project)
+	if s.envFile == "" {
+		full = append(full, "--profile", "ha")
+	}
 	c := exec.CommandContext(ctx, s.cmd[0], append(full, args...)...)
 	c.Dir, c.Env = s.root, s.env
 	var out bytes.Buffer
@@ -304,6 +314,26 @@ func (s *stack) compose(ctx context.Context, args ...string) (string, error) {
 		err = fmt.Errorf("%s %s: %w\n%s", filepath.Base(s.cmd[len(s.cmd)-1]), strings.Join(args, " "), err, out.String())
 	}
 	return out.String(), err
+}
+
+// downAtCleanup takes the project down (volumes too) when the test ends,
+// printing the services' logs first if it failed. how is what selects the
+// stack on the command line, for the message telling how to remove it by hand.
+func (s *stack) downAtCleanup(t *testing.T, how string) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if t.Failed() {
+			out, err := s.compose(ctx, "logs", "--no-color", "--tail", "300")
+			t.Logf("docker-compose logs (%v):\n%s", err, out)
+		}
+		start := time.Now()
+		if _, err := s.compose(ctx, "down", "-v", "--remove-orphans", "-t", "5"); err != nil {
+			t.Errorf("tearing down project %s: %v (remove by hand: docker-compose %s -p %s down -v)", s.project, err, how, s.project)
+		} else {
+			t.Logf("project %s down, volumes removed (%v)", s.project, time.Since(start).Round(100*time.Millisecond))
+		}
+	})
 }
 
 // freePort returns a loopback port nothing listens on now.
@@ -480,20 +510,7 @@ func TestHAProfileSurvivesTheStreamLeadersDeath(t *testing.T) {
 		env = append(env, fmt.Sprintf("%s=%d", haPortVar(svc), ports[svc]))
 	}
 	s.env = composeEnv(env...)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		if t.Failed() {
-			out, err := s.compose(ctx, "logs", "--no-color", "--tail", "300")
-			t.Logf("docker-compose logs (%v):\n%s", err, out)
-		}
-		start := time.Now()
-		if _, err := s.compose(ctx, "down", "-v", "--remove-orphans", "-t", "3"); err != nil {
-			t.Errorf("tearing down project %s: %v (remove by hand: docker-compose -p %s --profile ha down -v)", s.project, err, s.project)
-		} else {
-			t.Logf("project %s down, volumes removed (%v)", s.project, time.Since(start).Round(100*time.Millisecond))
-		}
-	})
+	s.downAtCleanup(t, "--profile ha")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	since := func() string { return time.Since(begin).Round(100 * time.Millisecond).String() }

@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 )
@@ -54,6 +55,11 @@ type Config struct {
 	FixturesDir string
 	// Logger receives debug/info logs; nil discards them.
 	Logger *slog.Logger
+	// PublicURL is the base URL put in what the sim hands out (JIT configs,
+	// payload links) when clients reach it by another name than its listen
+	// address, e.g. "http://sim:9000" on a compose network. Empty: the
+	// listen address.
+	PublicURL string
 	// AcquireTimeout overrides DefaultAcquireTimeout for the runner long-poll
 	// (useful in tests). Zero means DefaultAcquireTimeout.
 	AcquireTimeout time.Duration
@@ -171,6 +177,9 @@ func (s *Sim) Start(addr string) (string, error) {
 		return "", fmt.Errorf("ghsim: listen %s: %w", addr, err)
 	}
 	s.baseURL = "http://" + ln.Addr().String()
+	if s.cfg.PublicURL != "" {
+		s.baseURL = strings.TrimSuffix(s.cfg.PublicURL, "/")
+	}
 	s.srv = &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second}
 	srv := s.srv
 	s.wg.Add(1)

@@ -4,6 +4,7 @@
 //	ghsim runner --jitconfig-file FILE      # like `run.sh --jitconfig <blob>`
 //	ghsim serve --listen 127.0.0.1:9000 --webhook-url URL --secret S \
 //	      --org O --repo R --fixtures DIR --jobs N --labels self-hosted,linux --duration 2s
+//	ghsim exec create|stop|list             # the exec backend's steps, for a FROM-scratch agent image
 //
 // runner exits 0 after completing its one job, or when stopped by SIGTERM/SIGINT;
 // 1 on any other failure. serve exits 0 once all N jobs completed.
@@ -15,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -37,6 +39,8 @@ func main() {
 		err = runner(ctx, log, os.Args[2:])
 	case "serve":
 		err = serve(ctx, log, os.Args[2:])
+	case "exec":
+		err = execStep(os.Args[2:])
 	default:
 		usage()
 	}
@@ -48,7 +52,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: ghsim runner --jitconfig-file FILE | ghsim serve [flags]  (-h for flags)")
+	fmt.Fprintln(os.Stderr, "usage: ghsim runner --jitconfig-file FILE | ghsim serve [flags] | ghsim exec create|stop|list  (-h for flags)")
 	os.Exit(2)
 }
 
@@ -88,10 +92,12 @@ func serve(ctx context.Context, log *slog.Logger, args []string) error {
 	jobs := fs.Int("jobs", 1, "number of jobs to enqueue")
 	labels := fs.String("labels", "self-hosted,linux", "comma-separated job labels")
 	dur := fs.Duration("duration", 2*time.Second, "how long each job runs")
+	public := fs.String("public-url", "", "base URL clients reach the sim by, put in JIT configs (e.g. http://sim:9000 on a compose network)")
+	waitFor := fs.String("wait-for", "", "enqueue only once GET on this URL answers 200 (e.g. the dispatcher's /healthz): GitHub does not retry a failed delivery")
 	_ = fs.Parse(args)
 
 	sim, err := ghsim.New(ghsim.Config{WebhookURL: *hook, WebhookSecret: *secret, Org: *org, Repo: *repo,
-		FixturesDir: *fixtures, Logger: log})
+		FixturesDir: *fixtures, Logger: log, PublicURL: *public})
 	if err != nil {
 		return err
 	}
@@ -101,6 +107,11 @@ func serve(ctx context.Context, log *slog.Logger, args []string) error {
 		return err
 	}
 	fmt.Printf("ghsim: serving GitHub API at %s (org %s, repo %s)\n", url, *org, *repo)
+	if *waitFor != "" {
+		if err := waitHealthy(ctx, *waitFor); err != nil {
+			return err
+		}
+	}
 	for range *jobs {
 		id := sim.Enqueue(ghsim.JobSpec{Labels: strings.Split(*labels, ","), Duration: *dur})
 		fmt.Printf("ghsim: queued job %d\n", id)
@@ -140,4 +151,37 @@ func allDelivered(sim *ghsim.Sim) bool {
 		}
 	}
 	return true
+}
+
+// waitHealthy polls url until it answers 200, printing progress every 5 s.
+func waitHealthy(ctx context.Context, url string) error {
+	start := time.Now()
+	last := start
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				fmt.Printf("ghsim: %s is healthy after %s\n", url, time.Since(start).Round(time.Second))
+				return nil
+			}
+		}
+		if time.Since(last) >= 5*time.Second {
+			last = time.Now()
+			fmt.Printf("ghsim: waiting for %s to be healthy (%s so far; last: %v)\n", url, time.Since(start).Round(time.Second), errOrStatus(err, resp))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s never became healthy: %w", url, ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func errOrStatus(err error, resp *http.Response) any {
+	if err != nil {
+		return err
+	}
+	return resp.Status
 }

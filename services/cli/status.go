@@ -26,6 +26,46 @@ func FleetStatus(ctx context.Context, js jetstream.JetStream) (events.Status, er
 	if err != nil {
 		return events.Status{}, err
 	}
+	return statusOf(ctx, js, f), nil
+}
+
+// WatchStatus prints the status every interval until ctx ends, folding only
+// the facts stored since the last print (one replay at start). On a
+// terminal (clear) each print replaces the last; otherwise prints follow
+// each other, separated by a blank line (JSON: one object per print).
+func WatchStatus(ctx context.Context, js jetstream.JetStream, w io.Writer, every time.Duration, asJSON, clear bool) error {
+	f, _, err := eventlog.ReplayFrom(ctx, js, 0, time.Time{}, nil)
+	if err != nil {
+		return err
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		if clear {
+			fmt.Fprint(w, "\033[H\033[2J") // home, clear screen
+		}
+		if err := PrintStatus(w, statusOf(ctx, js, f), asJSON, time.Now()); err != nil {
+			return err
+		}
+		if !clear && !asJSON {
+			fmt.Fprintln(w)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if err := eventlog.CatchUp(ctx, js, f); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// statusOf is f's status with each host's last heartbeat.
+func statusOf(ctx context.Context, js jetstream.JetStream, f *events.Fleet) events.Status {
 	st := f.Status()
 	if kv, err := js.KeyValue(ctx, HeartbeatBucket); err == nil {
 		for i, h := range st.Hosts {
@@ -48,7 +88,7 @@ func FleetStatus(ctx context.Context, js jetstream.JetStream) (events.Status, er
 	if st.Hosts == nil {
 		st.Hosts = []events.HostStatus{}
 	}
-	return st, nil
+	return st
 }
 
 // PrintStatus writes the status as JSON or as tables.

@@ -57,6 +57,10 @@ type NATS struct {
 	// generate creds` writes it) to connect with; empty means none.
 	// `berth agent --nats-creds` overrides it.
 	CredsFile string `yaml:"creds_file"`
+	// NKeyFile is a file holding the service's NATS nkey seed (SU…), as
+	// `berth nats-auth` writes it; empty means none. The server knows the
+	// public key and what the role may publish (deploy/nats/README.md).
+	NKeyFile string `yaml:"nkey_file"`
 }
 
 // StreamMaxAge is MaxAge, 0 (no limit) when unset.

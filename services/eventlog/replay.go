@@ -251,3 +251,19 @@ func CheckCovers(ctx context.Context, js jetstream.JetStream, seq uint64) error 
 	return fmt.Errorf("%w: the fold covers seq %d, but the log now starts at seq %d: facts %d..%d expired under the stream's retention limits before anyone folded them",
 		ErrTruncated, seq, first, seq+1, first-1)
 }
+
+// CatchUp folds into f the facts stored after f.LastSeq, up to the stream's
+// last sequence now: the step `berth status --watch` repeats. It returns
+// ErrTruncated (wrapped) when facts after f.LastSeq expired meanwhile.
+func CatchUp(ctx context.Context, js jetstream.JetStream, f *events.Fleet) error {
+	s, err := js.Stream(ctx, events.StreamName)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", events.StreamName, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = foldTail(ctx, s, f, f.LastSeq+1, info.State.LastSeq, time.Time{}, nil)
+	return err
+}

@@ -363,7 +363,7 @@ func Install(o Options) (*Result, error) {
 	if l.o.CredsFrom != "" {
 		creds, err := os.ReadFile(l.o.CredsFrom)
 		if err != nil {
-			return nil, fmt.Errorf("--creds-from: %w (give the NATS credentials file made for this agent, e.g. by nsc generate creds)", err)
+			return nil, fmt.Errorf("--creds-from: %w (give the NATS credentials made for this agent: its agent-HOST.nk from berth nats-auth, or a creds file from nsc generate creds)", err)
 		}
 		files = append(files, file{path: l.o.CredsPath, data: creds, mode: 0o600, own: true})
 	}

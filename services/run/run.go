@@ -4,6 +4,7 @@
 package run
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -164,11 +165,11 @@ func ensureStream(ctx context.Context, cfg *config.Config, js jetstream.JetStrea
 
 // connect dials NATS for one service and makes sure the stream exists.
 func connect(ctx context.Context, cfg *config.Config, name string) (*nats.Conn, jetstream.JetStream, error) {
-	opts := []nats.Option{eventlog.WaitForServer}
-	if cfg.NATS.CredsFile != "" {
-		opts = append(opts, nats.UserCredentials(cfg.NATS.CredsFile))
+	opts, err := authOptions(cfg.NATS.CredsFile, cfg.NATS.NKeyFile)
+	if err != nil {
+		return nil, nil, err
 	}
-	nc, js, err := eventlog.Connect(cfg.NATS.URL, name, opts...)
+	nc, js, err := eventlog.Connect(cfg.NATS.URL, name, append(opts, eventlog.WaitForServer)...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -526,9 +527,41 @@ func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Age
 	return addr, nil
 }
 
+// authOptions turns a credentials file and an nkey seed file into connect
+// options; an unreadable seed is an error that names the file. A
+// "credentials file" that holds a bare user seed (SU…, as `berth nats-auth`
+// writes) is taken as an nkey file, so `berth agent install --creds-from`
+// installs either kind.
+func authOptions(creds, nkeyFile string) ([]nats.Option, error) {
+	var opts []nats.Option
+	if creds != "" {
+		if b, err := os.ReadFile(creds); err == nil && bytes.HasPrefix(bytes.TrimSpace(b), []byte("SU")) && nkeyFile == "" {
+			nkeyFile = creds
+		} else {
+			opts = append(opts, nats.UserCredentials(creds))
+		}
+	}
+	if nkeyFile != "" {
+		o, err := nats.NkeyOptionFromSeed(nkeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("nats nkey file %s: %w (write one with `berth nats-auth`)", nkeyFile, err)
+		}
+		opts = append(opts, o)
+	}
+	return opts, nil
+}
+
+// ClientNKey and ClientCreds authenticate the tools' connections (the
+// berth command sets them from --nats-nkey and BERTH_NATS_CREDS).
+var ClientNKey, ClientCreds string
+
 // JetStream opens a client connection for tools (status, events).
 func JetStream(url string) (func(), jetstream.JetStream, error) {
-	nc, js, err := eventlog.Connect(url, "berth-cli")
+	opts, err := authOptions(ClientCreds, ClientNKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	nc, js, err := eventlog.Connect(url, "berth-cli", opts...)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-ci/berth/services/natsauth"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -21,6 +22,9 @@ import (
 type NATS struct {
 	Nodes []*Proc
 	URLs  []string
+	// ClientOpts authenticate the harness's own connections (the cli
+	// user's nkey when the system runs with per-service auth).
+	ClientOpts []nats.Option
 }
 
 // URL is the client URL list services dial (comma-separated).
@@ -29,7 +33,7 @@ func (n *NATS) URL() string { return strings.Join(n.URLs, ",") }
 // startNATS starts n nodes (1, or 3 for a cluster named berth like
 // deploy/nats/cluster) on free loopback ports and waits until JetStream
 // answers through every node.
-func startNATS(t *testing.T, bin, dir, tag string, n int) *NATS {
+func startNATS(t *testing.T, bin, dir, tag string, n int, auth *natsauth.Auth, clientOpts []nats.Option) *NATS {
 	t.Helper()
 	clientPorts, routePorts := make([]int, n), make([]int, n)
 	for i := range n {
@@ -39,7 +43,7 @@ func startNATS(t *testing.T, bin, dir, tag string, n int) *NATS {
 	for _, p := range routePorts {
 		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", p))
 	}
-	out := &NATS{}
+	out := &NATS{ClientOpts: clientOpts}
 	for i := range n {
 		name := fmt.Sprintf("nats-%d", i+1)
 		store := filepath.Join(dir, name, "jetstream")
@@ -49,6 +53,13 @@ func startNATS(t *testing.T, bin, dir, tag string, n int) *NATS {
 		conf := fmt.Sprintf("server_name: %s\nlisten: 127.0.0.1:%d\nmax_payload: 4MB\njetstream {\n  store_dir: %q\n}\n", name, clientPorts[i], store)
 		if n > 1 {
 			conf += fmt.Sprintf("cluster {\n  name: berth\n  listen: 127.0.0.1:%d\n  routes: [\n    %s\n  ]\n}\n", routePorts[i], strings.Join(routes, "\n    "))
+		}
+		if auth != nil {
+			// Beside nats.conf: an include is relative to the including file.
+			if err := os.WriteFile(filepath.Join(dir, name, "auth.conf"), []byte(auth.Config()), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			conf += "include auth.conf\n"
 		}
 		confPath := filepath.Join(dir, name, "nats.conf")
 		if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
@@ -74,7 +85,7 @@ func (n *NATS) AwaitJetStream(t testing.TB, i int, within time.Duration) {
 	deadline := time.Now().Add(within)
 	var last error
 	for time.Now().Before(deadline) {
-		if last = jsReady(n.URLs[i]); last == nil {
+		if last = jsReady(n.URLs[i], n.ClientOpts); last == nil {
 			return
 		}
 		if !n.Nodes[i].Running() {
@@ -85,8 +96,8 @@ func (n *NATS) AwaitJetStream(t testing.TB, i int, within time.Duration) {
 	t.Fatalf("%s: JetStream not ready within %s: %v\n%s", n.Nodes[i].Name, within, last, tail(n.Nodes[i].Log, 30))
 }
 
-func jsReady(url string) error {
-	nc, err := nats.Connect(url, nats.Timeout(time.Second))
+func jsReady(url string, opts []nats.Option) error {
+	nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(time.Second)}, opts...)...)
 	if err != nil {
 		return err
 	}

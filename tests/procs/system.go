@@ -22,6 +22,7 @@ import (
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/config"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/natsauth"
 	"github.com/berth-ci/berth/tests/ghsim"
 	"github.com/berth-ci/berth/tests/harness"
 	"github.com/nats-io/nats.go"
@@ -45,6 +46,10 @@ type Options struct {
 	Env map[string][]string
 	// Tune adjusts the configuration after the defaults of Config.
 	Tune func(*config.Config)
+	// Auth runs NATS with the authorization `berth nats-auth` writes: each
+	// service connects with its own nkey and may publish only its role's
+	// facts; the harness connects as the cli user.
+	Auth bool
 }
 
 // System is Berth as processes around an in-process GitHub simulator.
@@ -59,6 +64,10 @@ type System struct {
 	// are their base URLs (for /status and replay --check), same order.
 	Dispatchers, Watchdogs, Agents []*Proc
 	DispatcherURLs, WatchdogURLs   []string
+	// Auth is the generated authorization (Options.Auth), and AuthDir
+	// where its seed files are (<role>.nk).
+	Auth    *natsauth.Auth
+	AuthDir string
 
 	js     jetstream.JetStream
 	nc     *nats.Conn
@@ -104,7 +113,23 @@ func Start(t *testing.T, o Options) *System {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	t.Cleanup(s.cleanup)
 
-	s.NATS = startNATS(t, b.NATS, s.Dir, s.tag, o.NATSNodes)
+	var clientOpts []nats.Option
+	if o.Auth {
+		var err error
+		if s.Auth, err = natsauth.Generate(o.Hosts); err != nil {
+			t.Fatal(err)
+		}
+		s.AuthDir = filepath.Join(s.Dir, "auth")
+		if _, err := s.Auth.Write(s.AuthDir); err != nil {
+			t.Fatal(err)
+		}
+		opt, err := nats.NkeyOptionFromSeed(filepath.Join(s.AuthDir, natsauth.RoleCLI+".nk"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		clientOpts = append(clientOpts, opt)
+	}
+	s.NATS = startNATS(t, b.NATS, s.Dir, s.tag, o.NATSNodes, s.Auth, clientOpts)
 	fixtures, err := harness.FixturesDir(b.Root)
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +153,7 @@ func Start(t *testing.T, o Options) *System {
 	}
 	s.Config = s.config(o, simURL, dispAddrs[0], secret)
 
-	s.nc, s.js, err = eventlog.Connect(s.NATS.URL(), "procs-test")
+	s.nc, s.js, err = eventlog.Connect(s.NATS.URL(), "procs-test", clientOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,6 +164,7 @@ func Start(t *testing.T, o Options) *System {
 
 	for i := range o.Dispatchers {
 		c := *s.Config
+		c.NATS.NKeyFile = s.seedFile(natsauth.RoleDispatcher)
 		c.Dispatcher.Listen = dispAddrs[i]
 		s.Dispatchers = append(s.Dispatchers, s.service(o, fmt.Sprintf("dispatcher-%d", i), &c, "dispatcher"))
 		if i == 0 {
@@ -150,12 +176,17 @@ func Start(t *testing.T, o Options) *System {
 	}
 	for i := range o.Watchdogs {
 		c := *s.Config
+		c.NATS.NKeyFile = s.seedFile(natsauth.RoleWatchdog)
 		c.Watchdog.Listen = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		s.WatchdogURLs = append(s.WatchdogURLs, "http://"+c.Watchdog.Listen)
 		s.Watchdogs = append(s.Watchdogs, s.service(o, fmt.Sprintf("watchdog-%d", i), &c, "watchdog"))
 	}
 	for _, a := range s.Config.Agents {
-		s.Agents = append(s.Agents, s.service(o, "agent-"+a.Host, s.Config, "agent", "--host", a.Host))
+		c := *s.Config
+		// As `berth agent install --creds-from agent-HOST.nk` configures it:
+		// a seed given as the credentials file.
+		c.NATS.CredsFile = s.seedFile(natsauth.AgentRole(a.Host))
+		s.Agents = append(s.Agents, s.service(o, "agent-"+a.Host, &c, "agent", "--host", a.Host))
 	}
 	for _, u := range append(append([]string{}, s.DispatcherURLs...), s.WatchdogURLs...) {
 		s.awaitHealthz(u, 30*time.Second)
@@ -247,6 +278,14 @@ func (s *System) service(o Options, name string, c *config.Config, cmd string, a
 		s.t.Fatal(err)
 	}
 	return p
+}
+
+// seedFile is role's nkey seed file with Options.Auth, else "".
+func (s *System) seedFile(role string) string {
+	if s.Auth == nil {
+		return ""
+	}
+	return filepath.Join(s.AuthDir, role+".nk")
 }
 
 // Procs is every process of the system: NATS nodes, then services.

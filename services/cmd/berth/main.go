@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/berth-ci/berth/services/config"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/logx"
+	"github.com/berth-ci/berth/services/natsauth"
 	"github.com/berth-ci/berth/services/run"
 	"github.com/spf13/cobra"
 )
@@ -59,7 +61,7 @@ func main() {
 }
 
 func root() *cobra.Command {
-	var natsURL, logLevel, logFormat string
+	var natsURL, logLevel, logFormat, natsNKey string
 	cmd := &cobra.Command{
 		Use:           "berth",
 		Short:         "Ephemeral VMs for GitHub Actions jobs, over an event log in NATS JetStream",
@@ -71,6 +73,7 @@ func root() *cobra.Command {
 				return usageError{err}
 			}
 			slog.SetDefault(logger)
+			run.ClientNKey, run.ClientCreds = natsNKey, os.Getenv("BERTH_NATS_CREDS")
 			return nil
 		},
 	}
@@ -81,6 +84,8 @@ func root() *cobra.Command {
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	cmd.PersistentFlags().StringVar(&natsURL, "nats", def, "NATS server URL (env BERTH_NATS_URL)")
 	cmd.PersistentFlags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	cmd.PersistentFlags().StringVar(&natsNKey, "nats-nkey", os.Getenv("BERTH_NATS_NKEY"),
+		"nkey seed file to connect to NATS with, e.g. cli.nk from `berth nats-auth` (env BERTH_NATS_NKEY; BERTH_NATS_CREDS for a creds file)")
 	format := os.Getenv("BERTH_LOG_FORMAT")
 	if format == "" {
 		format = logx.FormatAuto
@@ -92,7 +97,7 @@ func root() *cobra.Command {
 		hostActionCmd(&natsURL, "cordon", "Stop placing new jobs on a host (running jobs go on)"),
 		hostActionCmd(&natsURL, "uncordon", "Let a cordoned host take new jobs again"),
 		hostActionCmd(&natsURL, "drain", "Take a host out of service: no new jobs, idle runners are stopped, running jobs finish"),
-		hostsCmd(&natsURL), jobsCmd(&natsURL), releaseCmd(&natsURL))
+		hostsCmd(&natsURL), jobsCmd(&natsURL), releaseCmd(&natsURL), natsAuthCmd())
 	return cmd
 }
 
@@ -232,20 +237,34 @@ func agentCmd(natsURL *string) *cobra.Command {
 }
 
 func statusCmd(natsURL *string) *cobra.Command {
-	var asJSON bool
+	var asJSON, watch bool
+	var every time.Duration
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show pools (capacity, held, running, demand, abandoned VMs, alarms) and hosts",
 		Long: "status replays the event log and reads agent heartbeats; it needs only NATS.\n" +
 			"Held slots are listed beside the attempts that account for them.",
 		Example: `  berth status
-  berth status --json | jq '.pools[] | {name, capacity, held}'`,
+  berth status --json | jq '.pools[] | {name, capacity, held}'
+  berth status --watch            # redraws every 2 s until Ctrl-C`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			closeNC, js, err := run.JetStream(*natsURL)
 			if err != nil {
 				return natsError{err}
 			}
 			defer closeNC()
+			if watch {
+				if every < 100*time.Millisecond {
+					return usageError{fmt.Errorf("--every %s: give at least 100ms", every)}
+				}
+				out := cmd.OutOrStdout()
+				f, isFile := out.(*os.File)
+				tty := isFile && func() bool { st, err := f.Stat(); return err == nil && st.Mode()&os.ModeCharDevice != 0 }()
+				if err := cli.WatchStatus(cmd.Context(), js, out, every, asJSON, tty && !asJSON); err != nil {
+					return readError(err)
+				}
+				return nil
+			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Minute)
 			defer cancel()
 			st, err := cli.FleetStatus(ctx, js)
@@ -256,6 +275,8 @@ func statusCmd(natsURL *string) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (the stable contract)")
+	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "print again every --every until interrupted (folds only new facts)")
+	cmd.Flags().DurationVar(&every, "every", 2*time.Second, "interval for --watch")
 	return cmd
 }
 
@@ -476,5 +497,48 @@ func releaseCmd(natsURL *string) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&force, "force", false, "release even if its runner is running a job (that job will fail)")
+	return cmd
+}
+
+func natsAuthCmd() *cobra.Command {
+	var hosts []string
+	var out string
+	cmd := &cobra.Command{
+		Use:   "nats-auth",
+		Short: "Write NATS authorization for Berth: one nkey per service, each allowed only its own facts",
+		Long: "nats-auth writes auth.conf (the BERTH account with JetStream, one user per service with the\n" +
+			"subjects its role may publish, and a system-account user) and one seed file per user (0600):\n" +
+			"dispatcher.nk, watchdog.nk, cli.nk, agent-HOST.nk for each host, sys.nk. Agents may publish\n" +
+			"only their own host's facts; the dispatcher no host facts; the watchdog no job facts.\n" +
+			"Running it again makes new keys (rotation): restart NATS and the services after.",
+		Example: `  berth nats-auth --hosts mac-mini-01,linux-01 --out /etc/nats/berth
+  # nats-server.conf: include /etc/nats/berth/auth.conf
+  # each service's config: nats: {nkey_file: /etc/berth/dispatcher.nk}
+  nats --nkey /etc/nats/berth/sys.nk server report jetstream`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(hosts) == 0 {
+				return usageError{errors.New("--hosts is required: the agents' host names, comma-separated")}
+			}
+			a, err := natsauth.Generate(hosts)
+			if err != nil {
+				return usageError{err}
+			}
+			files, err := a.Write(out)
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			for _, f := range files {
+				fmt.Fprintln(w, "wrote", f)
+			}
+			fmt.Fprintf(w, "next: add `include %s` to nats-server.conf and restart it; give each service its\n"+
+				"seed as nats.nkey_file (agents: agent-HOST.nk); tools: berth --nats-nkey %s status\n",
+				filepath.Join(out, "auth.conf"), filepath.Join(out, "cli.nk"))
+			return nil
+		},
+	}
+	cmd.Flags().StringSliceVar(&hosts, "hosts", nil, "the agents' host names, comma-separated")
+	cmd.Flags().StringVar(&out, "out", "nats-auth", "directory to write auth.conf and the seed files into")
 	return cmd
 }

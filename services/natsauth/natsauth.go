@@ -1,0 +1,194 @@
+// Package natsauth writes the NATS server's authorization for Berth: one
+// account (BERTH, with JetStream) whose users are the services, each
+// identified by an nkey and allowed to publish only the facts its role
+// emits, and a system-account user for `nats server report`.
+//
+// What each role may publish (facts are berth.evt.<aggregate>.…):
+//
+//	dispatcher   job, pool (bookings and releases), attempt (placements, teardowns); never host facts
+//	watchdog     pool (deadline releases), attempt (teardowns, abandonments), host (lost, cordon),
+//	             demand, alarm; never job facts (it holds no GitHub credentials and mints nothing)
+//	agent-HOST   its own host's facts and its own host's attempts only
+//	cli          operator facts: host (cordon, drain), pool and attempt (berth release)
+//
+// Every Berth user may use the JetStream API ($JS.API.>, acks, flow
+// control) except deleting or purging a stream, write the KV buckets its
+// role keeps (snapshots, parked facts, heartbeats), and subscribe to its
+// own inboxes. Reading is not split per host: a consumer with several
+// filters is created on a subject that does not name them, so NATS
+// permissions cannot tell an agent's consumer from another; JIT configs are
+// sealed to each agent's curve key for that reason (law: secrets never in
+// the log in clear).
+package natsauth
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/nats-io/nkeys"
+)
+
+// Account names in the generated configuration.
+const (
+	Account       = "BERTH"
+	SystemAccount = "SYS"
+)
+
+// Role names; an agent's role is AgentRole(host).
+const (
+	RoleDispatcher = "dispatcher"
+	RoleWatchdog   = "watchdog"
+	RoleCLI        = "cli"
+	RoleSystem     = "sys"
+)
+
+// AgentRole is the role of the agent of host.
+func AgentRole(host string) string { return "agent-" + host }
+
+// User is one generated identity.
+type User struct {
+	Role    string
+	Account string
+	Public  string // the nkey's public key (U…), in the server config
+	Seed    []byte // the nkey's seed (SU…): the client's secret
+	Publish []string
+}
+
+// Auth is a generated authorization: the users, and the server config
+// block that declares them.
+type Auth struct {
+	Users []User
+}
+
+// Generate makes a fresh nkey for every role: the dispatcher, the
+// watchdog, the cli, one agent per host, and the system user. Host names
+// must be valid subject tokens (events.ValidName).
+func Generate(hosts []string) (*Auth, error) {
+	a := &Auth{}
+	add := func(role, account string, publish []string) error {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			return err
+		}
+		pub, _ := kp.PublicKey()
+		seed, _ := kp.Seed()
+		a.Users = append(a.Users, User{Role: role, Account: account, Public: pub, Seed: seed, Publish: publish})
+		return nil
+	}
+	p := events.SubjectPrefix
+	kv := func(bucket, key string) string { return "$KV." + bucket + "." + key }
+	roles := []struct {
+		role    string
+		publish []string
+	}{
+		{RoleDispatcher, []string{p + ".job.>", p + ".pool.>", p + ".attempt.>",
+			kv("berth_snapshots", ">"), kv("berth_parked", ">")}},
+		{RoleWatchdog, []string{p + ".pool.>", p + ".attempt.>", p + ".host.>", p + ".demand.>", p + ".alarm.>",
+			kv("berth_snapshots", ">"), kv("berth_parked", ">"), kv("berth_heartbeats", "watchdog.probe")}},
+		{RoleCLI, []string{p + ".host.>", p + ".pool.>", p + ".attempt.>"}},
+	}
+	for _, r := range roles {
+		if err := add(r.role, Account, r.publish); err != nil {
+			return nil, err
+		}
+	}
+	for _, h := range hosts {
+		if err := events.ValidName("host", h); err != nil {
+			return nil, err
+		}
+		if err := add(AgentRole(h), Account, []string{events.HostSubject(h), events.HostAttemptsFilter(h),
+			kv("berth_heartbeats", h), kv("berth_snapshots", "agent-"+h), kv("berth_parked", ">")}); err != nil {
+			return nil, err
+		}
+	}
+	if err := add(RoleSystem, SystemAccount, nil); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// User returns the user of role, or nil.
+func (a *Auth) User(role string) *User {
+	for i := range a.Users {
+		if a.Users[i].Role == role {
+			return &a.Users[i]
+		}
+	}
+	return nil
+}
+
+// Config is the server configuration block (accounts and system_account),
+// to include from nats-server.conf. It holds public keys only.
+func (a *Auth) Config() string {
+	var b strings.Builder
+	b.WriteString("# Berth's NATS authorization, written by `berth nats-auth`. Public keys only:\n")
+	b.WriteString("# each service connects with its seed file (nats.nkey_file). Regenerate to rotate.\n")
+	b.WriteString("accounts {\n")
+	for _, acct := range []string{Account, SystemAccount} {
+		fmt.Fprintf(&b, "  %s {\n", acct)
+		if acct == Account {
+			b.WriteString("    jetstream: enabled\n")
+		}
+		b.WriteString("    users: [\n")
+		for _, u := range a.Users {
+			if u.Account != acct {
+				continue
+			}
+			fmt.Fprintf(&b, "      # %s\n      {nkey: %s", u.Role, u.Public)
+			if u.Account == Account {
+				b.WriteString(", permissions: {\n")
+				fmt.Fprintf(&b, "        publish: {allow: [%s],\n", quoteAll(append(slicesClone(u.Publish), jsAPI...)))
+				fmt.Fprintf(&b, "                  deny: [%s]}\n", quoteAll(jsDeny))
+				b.WriteString("        subscribe: {allow: [\"_INBOX.>\"]}\n      }")
+			}
+			b.WriteString("}\n")
+		}
+		b.WriteString("    ]\n  }\n")
+	}
+	b.WriteString("}\n")
+	fmt.Fprintf(&b, "system_account: %s\n", SystemAccount)
+	return b.String()
+}
+
+// jsAPI is what every Berth user publishes to use JetStream: the API
+// (streams, consumers, KV buckets, direct gets), acks and flow control.
+var jsAPI = []string{"$JS.API.>", "$JS.ACK.>", "$JS.FC.>"}
+
+// jsDeny: no service deletes or purges the log (the stream denies it too).
+var jsDeny = []string{"$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>"}
+
+func quoteAll(ss []string) string {
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = `"` + s + `"`
+	}
+	return strings.Join(q, ", ")
+}
+
+func slicesClone(s []string) []string { return append([]string(nil), s...) }
+
+// Write puts the config block in dir/auth.conf (0644) and each user's seed
+// in dir/<role>.nk (0600), and returns the files written, sorted.
+func (a *Auth) Write(dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	conf := filepath.Join(dir, "auth.conf")
+	if err := os.WriteFile(conf, []byte(a.Config()), 0o644); err != nil {
+		return nil, err
+	}
+	files := []string{conf}
+	for _, u := range a.Users {
+		f := filepath.Join(dir, u.Role+".nk")
+		if err := os.WriteFile(f, append(append([]byte(nil), u.Seed...), '\n'), 0o600); err != nil {
+			return nil, err
+		}
+		files = append(files, f)
+	}
+	sort.Strings(files)
+	return files, nil
+}

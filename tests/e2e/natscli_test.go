@@ -9,12 +9,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/cli"
+	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/run"
 	"github.com/berth-ci/berth/tests/harness"
 )
@@ -145,6 +147,90 @@ func TestOperatorReadsTheLogWithTheNatsCLI(t *testing.T) {
 			t.Errorf("%s at seq %d differs from a replay: %v", addr, seq, diffs)
 		}
 	}
+
+	// Every recipe in docs/nats-recipes.md runs, filled in from this run.
+	fleet, err := eventlog.Replay(ctx, js, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := fleet.Attempts[job.RunnerName]
+	if a == nil {
+		t.Fatalf("job %d ran on %q, which the log does not know", job.ID, job.RunnerName)
+	}
+	fill := strings.NewReplacer("JOB", strconv.FormatInt(job.ID, 10), "POOL", a.Pool, "HOST", a.Host, "ATTEMPT", a.ID)
+	recipes := docRecipes(t)
+	if len(recipes) < 8 {
+		t.Fatalf("docs/nats-recipes.md has %d recipes, want the ones for the stream, jobs, pools, hosts and attempts", len(recipes))
+	}
+	for _, r := range recipes {
+		args := shellWords(t, fill.Replace(r))
+		out := runNATS(t, ctx, bin, url, args[1:]...)
+		if len(bytes.TrimSpace(out)) == 0 {
+			t.Errorf("recipe %q printed nothing", fill.Replace(r))
+		}
+		for _, want := range []string{a.Host, a.Pool, a.ID, strconv.FormatInt(job.ID, 10)} {
+			if strings.Contains(fill.Replace(r), "."+want) && !strings.Contains(string(out), want) {
+				t.Errorf("recipe %q: output does not mention %s:\n%s", fill.Replace(r), want, out)
+			}
+		}
+	}
+}
+
+// docRecipes returns the nats commands of docs/nats-recipes.md's sh block.
+func docRecipes(t *testing.T) []string {
+	t.Helper()
+	root, err := harness.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "docs", "nats-recipes.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	in := false
+	for _, line := range strings.Split(string(b), "\n") {
+		switch {
+		case strings.HasPrefix(line, "```sh"):
+			in = true
+		case strings.HasPrefix(line, "```"):
+			in = false
+		case in && strings.HasPrefix(line, "nats "):
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// shellWords splits a recipe line into words, honouring single quotes
+// (the only quoting the recipes use).
+func shellWords(t *testing.T, line string) []string {
+	t.Helper()
+	var words []string
+	var cur strings.Builder
+	quoted, inWord := false, false
+	for _, r := range line {
+		switch {
+		case r == '\'':
+			quoted, inWord = !quoted, true
+		case r == ' ' && !quoted:
+			if inWord {
+				words = append(words, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		default:
+			cur.WriteRune(r)
+			inWord = true
+		}
+	}
+	if quoted {
+		t.Fatalf("unbalanced quote in recipe %q", line)
+	}
+	if inWord {
+		words = append(words, cur.String())
+	}
+	return words
 }
 
 func contains(xs []string, x string) bool {

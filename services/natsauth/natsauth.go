@@ -14,11 +14,11 @@
 // Every Berth user may use the JetStream API ($JS.API.>, acks, flow
 // control) except deleting or purging a stream, write the KV buckets its
 // role keeps (snapshots, parked facts, heartbeats), and subscribe to its
-// own inboxes. Reading is not split per host: a consumer with several
-// filters is created on a subject that does not name them, so NATS
-// permissions cannot tell an agent's consumer from another; JIT configs are
-// sealed to each agent's curve key for that reason (law: secrets never in
-// the log in clear).
+// own inboxes. An agent reads only its own host's facts and placements: it
+// may create consumers on the log only with its own host's filter (one
+// filter each, which the server sees in the create subject) and get
+// messages directly only from its own subjects. JIT configs are sealed to
+// each agent's curve key as well.
 package natsauth
 
 import (
@@ -56,6 +56,9 @@ type User struct {
 	Public  string // the nkey's public key (U…), in the server config
 	Seed    []byte // the nkey's seed (SU…): the client's secret
 	Publish []string
+	// API is the JetStream API the user may call; nil means all of it but
+	// deleting or purging a stream.
+	API []string
 }
 
 // Auth is a generated authorization: the users, and the server config
@@ -104,6 +107,7 @@ func Generate(hosts []string) (*Auth, error) {
 			kv("berth_heartbeats", h), kv("berth_snapshots", "agent-"+h), kv("berth_parked", ">")}); err != nil {
 			return nil, err
 		}
+		a.Users[len(a.Users)-1].API = agentAPI(h)
 	}
 	if err := add(RoleSystem, SystemAccount, nil); err != nil {
 		return nil, err
@@ -141,7 +145,11 @@ func (a *Auth) Config() string {
 			fmt.Fprintf(&b, "      # %s\n      {nkey: %s", u.Role, u.Public)
 			if u.Account == Account {
 				b.WriteString(", permissions: {\n")
-				fmt.Fprintf(&b, "        publish: {allow: [%s],\n", quoteAll(append(slicesClone(u.Publish), jsAPI...)))
+				api := jsAPI
+				if u.API != nil {
+					api = u.API
+				}
+				fmt.Fprintf(&b, "        publish: {allow: [%s],\n", quoteAll(append(slicesClone(u.Publish), api...)))
 				fmt.Fprintf(&b, "                  deny: [%s]}\n", quoteAll(jsDeny))
 				b.WriteString("        subscribe: {allow: [\"_INBOX.>\"]}\n      }")
 			}
@@ -157,6 +165,27 @@ func (a *Auth) Config() string {
 // jsAPI is what every Berth user publishes to use JetStream: the API
 // (streams, consumers, KV buckets, direct gets), acks and flow control.
 var jsAPI = []string{"$JS.API.>", "$JS.ACK.>", "$JS.FC.>"}
+
+// agentAPI is the JetStream API an agent may call: consumers on the log
+// only with its own host's filter (the server checks the filter in the
+// create subject against the request), direct gets only of its own
+// subjects, and the KV buckets it uses, its own snapshot only. So an agent
+// reads nothing of other hosts' placements, jobs or bookings.
+func agentAPI(host string) []string {
+	const api, log = "$JS.API.", "BERTH_EVENTS"
+	own := []string{events.HostAttemptsFilter(host), events.HostSubject(host)}
+	out := []string{api + "INFO", api + "STREAM.INFO." + log, api + "STREAM.CREATE." + log, api + "STREAM.UPDATE." + log,
+		api + "CONSUMER.INFO." + log + ".*", api + "CONSUMER.DELETE." + log + ".*", api + "CONSUMER.MSG.NEXT." + log + ".*",
+		"$JS.ACK.>", "$JS.FC.>"}
+	for _, s := range own {
+		out = append(out, api+"CONSUMER.CREATE."+log+".*."+s, api+"DIRECT.GET."+log+"."+s)
+	}
+	for _, b := range []string{"KV_berth_heartbeats", "KV_berth_parked", "KV_berth_snapshots"} {
+		out = append(out, api+"STREAM.INFO."+b, api+"STREAM.CREATE."+b, api+"STREAM.UPDATE."+b)
+	}
+	return append(out, api+"DIRECT.GET.KV_berth_heartbeats.>", api+"DIRECT.GET.KV_berth_parked.>",
+		api+"DIRECT.GET.KV_berth_snapshots.$KV.berth_snapshots.agent-"+host)
+}
 
 // jsDeny: no service deletes or purges the log (the stream denies it too).
 var jsDeny = []string{"$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>"}

@@ -82,6 +82,7 @@ type Agent struct {
 	// draining: refuse new creates; forceStop: stop every live VM (drain timeout).
 	draining, forceStop bool
 	reannounced         time.Time
+	hostLost            bool // the last host fact watchHost folded says this host is lost
 	sweep               sweep
 	lastHK              time.Time
 	wg                  sync.WaitGroup
@@ -111,7 +112,11 @@ func New(js jetstream.JetStream, app *eventlog.Appender, b backend.Backend, opts
 	if err != nil {
 		return nil, err
 	}
-	loop := &eventlog.Loop{JS: js, Filters: []string{events.HostAttemptsFilter(opts.Host), events.HostSubject(opts.Host)},
+	// One filter: the server sees it in the consumer's create subject, so
+	// NATS permissions can confine an agent to its own host's placements
+	// (deploy/nats/README.md). The host's own facts are watched apart
+	// (watchHost).
+	loop := &eventlog.Loop{JS: js, Filters: []string{events.HostAttemptsFilter(opts.Host)},
 		SnapshotKey: "agent-" + opts.Host}
 	return &Agent{Loop: loop, log: app, js: js, backend: b, opts: opts, curve: kp,
 		boot:  strconv.FormatInt(time.Now().UnixNano(), 36),
@@ -165,16 +170,18 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.opts.Logger.Info("agent online", "pools", len(a.opts.Pools), "physical_cap", a.opts.PhysicalCap, "backend", a.backend.Name())
 	if a.opts.ShutdownTimeout <= 0 {
-		a.wg.Add(1)
+		a.wg.Add(2)
 		go a.heartbeat(ctx, kv)
+		go a.watchHost(ctx)
 		return a.Loop.Run(ctx, a)
 	}
 	// With a drain, the loop and the heartbeat outlive ctx (the SIGTERM) until
 	// the drain is over.
 	life, endLife := context.WithCancel(context.WithoutCancel(ctx))
 	defer endLife()
-	a.wg.Add(1)
+	a.wg.Add(2)
 	go a.heartbeat(life, kv)
+	go a.watchHost(life)
 	loopErr := make(chan error, 1)
 	go func() { loopErr <- a.Loop.Run(life, a) }()
 	select {
@@ -185,6 +192,48 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.drain(life)
 	endLife()
 	return <-loopErr
+}
+
+// watchHost follows this host's own facts (online, lost, draining,
+// cordons) with an ordered consumer on the host's subject alone, folds
+// them, and tells the loop whether the host is recorded lost. It retries
+// until ctx ends.
+func (a *Agent) watchHost(ctx context.Context) {
+	defer a.wg.Done()
+	subject := events.HostSubject(a.opts.Host)
+	f := events.NewFleet()
+	for ctx.Err() == nil {
+		ch := make(chan eventlog.Delivered, 64)
+		fctx, stop := context.WithCancel(ctx)
+		errc := make(chan error, 1)
+		go func() { errc <- eventlog.Follow(fctx, a.js, []string{subject}, f.LastSeq+1, ch) }()
+	read:
+		for {
+			select {
+			case err := <-errc:
+				if ctx.Err() == nil {
+					a.opts.Logger.Warn("cannot follow this host's facts yet; retrying", "subject", subject, "err", err)
+				}
+				break read
+			case d := <-ch:
+				if d.Err != nil {
+					f.Skip(d.Event.Seq, d.Event.Subject)
+					continue
+				}
+				f.Apply(d.Event)
+				lost := false
+				if h := f.Hosts[a.opts.Host]; h != nil {
+					lost = h.State == events.HostStateLost
+				}
+				a.Loop.Post(ctx, func() { a.hostLost = lost })
+			}
+		}
+		stop()
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // announce appends the host's online fact: at start, and again whenever
@@ -266,8 +315,7 @@ func (a *Agent) Decide(ctx context.Context) {
 			a.startStop(ctx, at)
 		}
 	}
-	if h := a.fleet.Hosts[a.opts.Host]; h != nil && h.State == events.HostStateLost && !a.draining &&
-		now.Sub(a.reannounced) > 5*time.Second {
+	if a.hostLost && !a.draining && now.Sub(a.reannounced) > 5*time.Second {
 		a.reannounced = now
 		a.opts.Logger.Warn("this host was reported lost while the agent runs; announcing it online again")
 		if err := a.announce(ctx); err != nil {

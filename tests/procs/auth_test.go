@@ -14,6 +14,7 @@ import (
 	"github.com/berth-ci/berth/services/natsauth"
 	"github.com/berth-ci/berth/tests/ghsim"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Given NATS run with the authorization `berth nats-auth` writes (each
@@ -50,6 +51,44 @@ func TestPerServiceKeysServeJobsAndRefuseForeignFacts(t *testing.T) {
 			t.Errorf("%s publishing on %s: %v, want a permissions violation", c.role, c.subject, err)
 		}
 	}
+	// An agent reads only its own host: a consumer on its own placements
+	// works; one on another host's, on the jobs or on the whole log, and a
+	// direct read of another host's facts, are refused.
+	agentKey := filepath.Join(sys.AuthDir, natsauth.AgentRole("host-a")+".nk")
+	own := func(js jetstream.JetStream, ctx context.Context) error {
+		_, err := js.OrderedConsumer(ctx, events.StreamName, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.HostAttemptsFilter("host-a")}})
+		return err
+	}
+	if err := readAs(t, url, agentKey, own); err != nil {
+		t.Errorf("agent-host-a reading its own placements: %v", err)
+	}
+	for what, read := range map[string]func(jetstream.JetStream, context.Context) error{
+		"a consumer on host-b's placements": func(js jetstream.JetStream, ctx context.Context) error {
+			_, err := js.OrderedConsumer(ctx, events.StreamName, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.HostAttemptsFilter("host-b")}})
+			return err
+		},
+		"a consumer on every job": func(js jetstream.JetStream, ctx context.Context) error {
+			_, err := js.OrderedConsumer(ctx, events.StreamName, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"berth.evt.job.>"}})
+			return err
+		},
+		"a consumer on the whole log": func(js jetstream.JetStream, ctx context.Context) error {
+			_, err := js.OrderedConsumer(ctx, events.StreamName, jetstream.OrderedConsumerConfig{})
+			return err
+		},
+		"host-b's last fact": func(js jetstream.JetStream, ctx context.Context) error {
+			s, err := js.Stream(ctx, events.StreamName)
+			if err != nil {
+				return err
+			}
+			_, err = s.GetLastMsgForSubject(ctx, events.HostSubject("host-b"))
+			return err
+		},
+	} {
+		if err := readAs(t, url, agentKey, read); !errors.Is(err, nats.ErrPermissionViolation) {
+			t.Errorf("agent-host-a reading %s: %v, want a permissions violation", what, err)
+		}
+	}
+
 	if _, err := nats.Connect(url, nats.Timeout(2*time.Second)); err == nil || !strings.Contains(strings.ToLower(err.Error()), "authorization") {
 		t.Errorf("a connection without a key: %v, want an authorization error", err)
 	}
@@ -110,5 +149,44 @@ func publishAs(t *testing.T, url, file, subject string) error {
 		return err
 	case <-time.After(2 * time.Second):
 		return nil
+	}
+}
+
+// readAs connects with the seed in file and runs read; it returns the
+// server's permissions violation if one came, else read's own error.
+func readAs(t *testing.T, url, file string, read func(jetstream.JetStream, context.Context) error) error {
+	t.Helper()
+	opt, err := nats.NkeyOptionFromSeed(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 8)
+	nc, err := nats.Connect(url, opt, nats.Timeout(2*time.Second), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		errc <- err
+	}))
+	if err != nil {
+		t.Fatalf("connect as %s: %v", filepath.Base(file), err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- read(js, ctx) }()
+	select {
+	case err := <-errc: // refused: the request itself was never delivered
+		cancel()
+		<-done
+		return err
+	case rerr := <-done:
+		select {
+		case err := <-errc:
+			return err
+		default:
+			return rerr
+		}
 	}
 }

@@ -32,9 +32,16 @@ func (f *Fleet) Apply(e Event) {
 		a := f.attempt(d.Attempt, d.Pool, d.Host)
 		f.touch(a, e.Time, func() {
 			a.Reserved, a.ReservedAt = true, e.Time
-			a.JobID, a.N, a.Labels = d.JobID, d.N, d.Labels
+			a.N, a.Labels, a.Warm = d.N, d.Labels, a.Warm || d.Warm
+			if !d.Warm { // a warm VM's job comes from its claim
+				a.JobID = d.JobID
+			}
 		})
-		if j := f.job(d.JobID); d.N > j.Minted {
+		if d.Warm {
+			if p := f.pool(d.Pool); d.N > p.WarmMinted {
+				p.WarmMinted = d.N
+			}
+		} else if j := f.job(d.JobID); d.N > j.Minted {
 			j.Minted = d.N
 		}
 	case *SlotReleased:
@@ -56,7 +63,7 @@ func (f *Fleet) Apply(e Event) {
 	case *AttemptPlaced:
 		a := f.attempt(d.Attempt, d.Pool, d.Host)
 		f.touch(a, e.Time, func() {
-			a.Placed, a.PlacedAt = true, e.Time
+			a.Placed, a.PlacedAt, a.Warm = true, e.Time, a.Warm || d.Warm
 			a.RunnerID, a.SealedJIT, a.SealedBy, a.SealedTo = d.RunnerID, d.SealedJIT, d.SealedBy, d.SealedTo
 			if a.JobID == 0 {
 				a.JobID = d.JobID
@@ -87,11 +94,30 @@ func (f *Fleet) Apply(e Event) {
 		})
 	case *AttemptDeregistered:
 		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) { a.Deregistered = true })
+	case *AttemptReady:
+		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) { a.Warm, a.Ready, a.ReadyAt = true, true, e.Time })
+	case *AttemptClaimed:
+		f.poolSeq(d.Pool, e.Seq)
+		a := f.attempt(d.Attempt, d.Pool, d.Host)
+		f.touch(a, e.Time, func() {
+			a.Warm, a.Claimed, a.ClaimedAt = true, true, e.Time
+			if a.JobID == 0 {
+				a.JobID = d.JobID
+			}
+		})
+	case *AttemptAssigned:
+		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) {
+			a.Warm, a.Assigned, a.AssignedAt = true, true, e.Time
+			a.RunnerID, a.SealedJIT, a.SealedBy, a.SealedTo = d.RunnerID, d.SealedJIT, d.SealedBy, d.SealedTo
+			if a.JobID == 0 {
+				a.JobID = d.JobID
+			}
+		})
 	case *HostOnline:
 		h := f.host(d.Host)
 		if s := stampOf(e); s.after(h.online) {
 			h.online, h.OnlineAt = s, e.Time
-			h.Boot, h.PhysicalCap, h.CurveKey, h.Backend = d.Boot, d.PhysicalCap, d.CurveKey, d.Backend
+			h.Boot, h.PhysicalCap, h.CurveKey, h.Backend, h.Assign = d.Boot, d.PhysicalCap, d.CurveKey, d.Backend, d.Assign
 			h.Pools = map[string]PoolSlots{}
 			for name, ps := range d.Pools {
 				h.Pools[name] = PoolSlots{Labels: NormalizeLabels(ps.Labels), Slots: ps.Slots}

@@ -24,6 +24,9 @@ type AttemptPlaced struct {
 	SealedJIT []byte   `json:"sealed_jit"`
 	SealedBy  string   `json:"sealed_by"`
 	SealedTo  string   `json:"sealed_to"`
+	// Warm places a warm VM: no job, no JIT config; the agent boots it and
+	// reports AttemptReady.
+	Warm bool `json:"warm,omitempty"`
 }
 
 func (AttemptPlaced) EventType() string { return TypeAttemptPlaced }

@@ -35,6 +35,10 @@ type Attempt struct {
 	Abandoned      bool
 	AbandonedStep  string
 	Deregistered   bool // its runner registration is gone from GitHub
+	// Warm VM (issue 8): booked without a job; Ready once booted; Claimed
+	// by a job; Assigned its JIT config.
+	Warm, Ready, Claimed, Assigned bool
+	ReadyAt, ClaimedAt, AssignedAt time.Time
 
 	ReservedAt, ReleasedAt, PlacedAt, ProvisioningAt time.Time
 	RunnerStartedAt, FailedAt, TeardownAt            time.Time
@@ -69,6 +73,12 @@ func (a *Attempt) Stage() string {
 		return "failed"
 	case a.RunnerStarted:
 		return "running"
+	case a.Warm && a.Claimed:
+		return "assigned"
+	case a.Warm && a.Ready:
+		return "idle"
+	case a.Warm:
+		return "warming"
 	case a.Provisioning:
 		return "provisioning"
 	case a.Placed:

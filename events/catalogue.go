@@ -21,6 +21,9 @@ const (
 	TypeAttemptStopped           = "berth.attempt.stopped.v1"
 	TypeAttemptAbandoned         = "berth.attempt.abandoned.v1"
 	TypeAttemptDeregistered      = "berth.attempt.runner_deregistered.v1"
+	TypeAttemptReady             = "berth.attempt.ready.v1"
+	TypeAttemptClaimed           = "berth.attempt.claimed.v1"
+	TypeAttemptAssigned          = "berth.attempt.assigned.v1"
 
 	TypeHostOnline     = "berth.host.online.v1"
 	TypeHostDraining   = "berth.host.draining.v1"
@@ -53,6 +56,9 @@ var catalogue = map[string]func() Payload{
 	TypeAttemptStopped:           func() Payload { return &AttemptStopped{} },
 	TypeAttemptAbandoned:         func() Payload { return &AttemptAbandoned{} },
 	TypeAttemptDeregistered:      func() Payload { return &AttemptDeregistered{} },
+	TypeAttemptReady:             func() Payload { return &AttemptReady{} },
+	TypeAttemptClaimed:           func() Payload { return &AttemptClaimed{} },
+	TypeAttemptAssigned:          func() Payload { return &AttemptAssigned{} },
 
 	TypeHostOnline:     func() Payload { return &HostOnline{} },
 	TypeHostDraining:   func() Payload { return &HostDraining{} },

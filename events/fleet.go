@@ -72,6 +72,7 @@ type Host struct {
 	CordonReason string
 	CordonBy     string // who cordoned: an operator, or "watchdog" for the abandoned-VM cap
 	CordonedAt   time.Time
+	Assign       bool           // its backend can keep warm VMs (HostOnline.Assign)
 	Held         map[string]int // pool → slots held on this host
 	LiveVMs      int            // VMs that exist (provisioning … stopped), abandoned ones included
 	AbandonedVMs int            // abandoned and not yet seen stopped
@@ -86,9 +87,10 @@ func (h *Host) Accepts() bool { return h.State == HostStateOnline && !h.Cordoned
 
 // Pool is the slot ledger of one pool.
 type Pool struct {
-	Name    string
-	Held    int
-	LastSeq uint64 // stream sequence of the last fact on the pool's subject
+	Name       string
+	Held       int
+	LastSeq    uint64 // stream sequence of the last fact on the pool's subject
+	WarmMinted int    // highest warm VM number booked in this pool
 }
 
 // Alarm is an alarm's latest state.

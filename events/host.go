@@ -24,7 +24,10 @@ type HostOnline struct {
 	PhysicalCap int                  `json:"physical_cap"`
 	CurveKey    string               `json:"curve_key"`
 	Backend     string               `json:"backend"`
-	At          time.Time            `json:"at"`
+	// Assign: the backend can boot a VM without a JIT config and hand it
+	// one later, so the host can keep warm VMs (issue 8).
+	Assign bool      `json:"assign,omitempty"`
+	At     time.Time `json:"at"`
 }
 
 func (HostOnline) EventType() string      { return TypeHostOnline }

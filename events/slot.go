@@ -14,6 +14,8 @@ const (
 	ReleaseHostCordoned     = "host_cordoned"        // the host was cordoned before the booking got a VM
 	ReleaseMaxDuration      = "max_duration"         // the job ran past its maximum duration
 	ReleaseOperator         = "operator"             // an operator released it by hand (berth release)
+	ReleaseWarmSurplus      = "warm_surplus"         // an idle warm VM above its pool's warm target (oldest first)
+	ReleaseWarmRecycled     = "warm_recycled"        // an idle warm VM older than the maximum idle age
 )
 
 // StepDrain is the failed step of a placement an agent refused because its
@@ -34,6 +36,9 @@ type SlotReserved struct {
 	JobID   int64    `json:"job_id"`
 	N       int      `json:"n"`
 	Labels  []string `json:"labels"`
+	// Warm books a warm VM (JobID 0, Attempt a WarmAttemptID): it boots
+	// without a JIT config and waits for a job to claim it (issue 8).
+	Warm bool `json:"warm,omitempty"`
 }
 
 func (SlotReserved) EventType() string      { return TypeSlotReserved }

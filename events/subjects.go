@@ -66,7 +66,7 @@ func AttemptID(jobID int64, n int) string {
 	return "berth-" + strconv.FormatInt(jobID, 10) + "-" + strconv.Itoa(n)
 }
 
-var attemptRE = regexp.MustCompile(`^berth-[0-9]+-[0-9]+$`)
+var attemptRE = regexp.MustCompile(`^berth-([0-9]+|warm-[A-Za-z0-9_-]{1,64})-[0-9]+$`)
 
 // IsAttemptID reports whether s has the shape AttemptID makes. An inventory
 // sweep only ever touches VMs whose names have it: anything else on a host

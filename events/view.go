@@ -43,6 +43,12 @@ type PoolStatus struct {
 	CordonedHosts  []string   `json:"cordoned_hosts"`
 	Alarms         []string   `json:"alarms"`
 	HeldBy         []HeldSlot `json:"held_by"`
+	// Warm VMs (issue 8): booting with no job (warming), booted and
+	// waiting (idle), and claimed by a job (assigned; also counted as
+	// running or provisioning).
+	WarmWarming  int `json:"warm_warming"`
+	WarmIdle     int `json:"warm_idle"`
+	WarmAssigned int `json:"warm_assigned"`
 }
 
 // HeldSlot is one held slot and the attempt that accounts for it.
@@ -125,9 +131,19 @@ func (f *Fleet) Status() Status {
 		}
 		p.Held++
 		bound := f.BoundJob(a.ID)
-		if a.RunnerStarted || bound != 0 {
+		switch {
+		case a.Warm && a.Claimed:
+			p.WarmAssigned++
+		case a.Warm && a.Ready:
+			p.WarmIdle++
+		case a.Warm:
+			p.WarmWarming++
+		}
+		switch {
+		case a.Warm && !a.Claimed: // waits for a job, not for a runner: neither running nor provisioning
+		case a.RunnerStarted || bound != 0:
 			p.Running++
-		} else {
+		default:
 			p.Provisioning++
 		}
 		if bound == 0 {

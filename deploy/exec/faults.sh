@@ -193,7 +193,12 @@ stop)
 	fi
 	finish "$status"
 	;;
-*)
-	sh "$inner" "$step"
+*) # assign (a warm VM's runner starts), or a step this wrapper has no faults for
+	status=0
+	sh "$inner" "$step" || status=$?
+	if [ -n "$vm" ] && [ -f "${BERTH_WORK_DIR:-}/runner.pid" ]; then
+		cat "$BERTH_WORK_DIR/runner.pid" >"$vm"
+	fi
+	finish "$status"
 	;;
 esac

@@ -7,6 +7,9 @@
 # Usage (from an agent's config):  create: [sh, deploy/exec/sim-runner.sh, create]
 #                                  stop:   [sh, deploy/exec/sim-runner.sh, stop]
 #                                  list:   [sh, deploy/exec/sim-runner.sh, list]
+#                                  assign: [sh, deploy/exec/sim-runner.sh, assign]
+# A warm VM (create with BERTH_WARM=1, no JIT config) is a marker file until
+# assign starts its runner with the JIT config.
 # Environment: the exec backend's BERTH_* variables, plus BERTH_SIM_RUNNER,
 # the path of the ghsim binary.
 set -eu
@@ -21,18 +24,25 @@ alive() {
 
 step="${1:-${BERTH_STEP:?no step given}}"
 if [ "$step" = list ]; then
-	# The inventory: every attempt whose runner process is alive.
-	for pidfile in "${BERTH_ATTEMPTS_DIR:?}"/*/runner.pid; do
-		[ -f "$pidfile" ] || continue
-		if alive "$(cat "$pidfile")"; then
-			basename "$(dirname "$pidfile")"
+	# The inventory: every attempt whose runner process is alive, and every
+	# warm VM still waiting for its runner.
+	for dir in "${BERTH_ATTEMPTS_DIR:?}"/*/; do
+		[ -d "$dir" ] || continue
+		if [ -f "$dir/runner.pid" ]; then
+			alive "$(cat "$dir/runner.pid")" && basename "$dir"
+		elif [ -f "$dir/warm" ]; then
+			basename "$dir"
 		fi
 	done
 	exit 0
 fi
 pidfile="$BERTH_WORK_DIR/runner.pid"
 case "$step" in
-create)
+create | assign)
+	if [ "$step" = create ] && [ "${BERTH_WARM:-}" = 1 ]; then
+		echo booted >"$BERTH_WORK_DIR/warm" # a warm VM: its runner starts on assign
+		exit 0
+	fi
 	: "${BERTH_SIM_RUNNER:?set BERTH_SIM_RUNNER to the ghsim binary (make demo builds it)}"
 	# setsid: the runner outlives this step, in its own process group, so the
 	# agent's deadline on this step can never kill it by accident.
@@ -41,6 +51,7 @@ create)
 	echo $! >"$pidfile"
 	;;
 stop)
+	rm -f "$BERTH_WORK_DIR/warm"
 	[ -f "$pidfile" ] || exit 0 # nothing was started: already stopped
 	pid=$(cat "$pidfile")
 	alive "$pid" || exit 0 # the runner finished its job and exited
@@ -53,7 +64,7 @@ stop)
 	kill -KILL "$pid" 2>/dev/null || true
 	;;
 *)
-	echo "sim-runner.sh: unknown step $step (want create or stop)" >&2
+	echo "sim-runner.sh: unknown step $step (want create, assign, stop or list)" >&2
 	exit 2
 	;;
 esac

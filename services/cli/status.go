@@ -99,10 +99,10 @@ func PrintStatus(w io.Writer, st events.Status, asJSON bool, now time.Time) erro
 		return enc.Encode(st)
 	}
 	tw := tabwriter.NewWriter(w, 0, 2, 2, ' ', 0)
-	fmt.Fprintln(tw, "POOL\tCAPACITY\tHELD\tRUNNING\tPROVISIONING\tPENDING\tWAITING\tABANDONED\tCORDONED\tALARMS")
+	fmt.Fprintln(tw, "POOL\tCAPACITY\tHELD\tRUNNING\tPROVISIONING\tWARM(booting/idle/assigned)\tPENDING\tWAITING\tABANDONED\tCORDONED\tALARMS")
 	for _, p := range st.Pools {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%d\n", p.Name, p.Capacity, p.Held, p.Running, p.Provisioning,
-			p.PendingDemand, p.WaitingForSlot, p.AbandonedVMs, dash(strings.Join(p.CordonedHosts, ",")), len(p.Alarms))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d/%d/%d\t%d\t%d\t%d\t%s\t%d\n", p.Name, p.Capacity, p.Held, p.Running, p.Provisioning,
+			p.WarmWarming, p.WarmIdle, p.WarmAssigned, p.PendingDemand, p.WaitingForSlot, p.AbandonedVMs, dash(strings.Join(p.CordonedHosts, ",")), len(p.Alarms))
 	}
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "HOST\tSTATE\tCORDONED\tPHYSICAL_CAP\tLIVE_VMS\tABANDONED\tSLOTS(held/total)\tLAST_HEARTBEAT")

@@ -150,6 +150,10 @@ type Dispatcher struct {
 	// the log does not hold, through the hook-deliveries API of the App
 	// (github.app) or of the webhook github.hook_id names. Off by default.
 	ReconcileRedeliver bool `yaml:"reconcile_redeliver"`
+	// WarmPools keeps VMs booted before their jobs arrive, per pool; the
+	// pool's hosts need a backend with an assign step (exec: an assign
+	// command). None by default.
+	WarmPools map[string]WarmPool `yaml:"warm_pools"`
 }
 
 // GitHub is where and as whom the dispatcher calls the REST API.
@@ -318,8 +322,11 @@ type Exec struct {
 	Stop   []string `yaml:"stop"`
 	// List, optional, prints the attempt ids of the VMs that exist; it
 	// enables the orphan sweep.
-	List []string          `yaml:"list"`
-	Env  map[string]string `yaml:"env"`
+	List []string `yaml:"list"`
+	// Assign, optional, starts a warm VM's runner with its JIT config; with
+	// it the host can keep warm VMs (dispatcher.warm_pools).
+	Assign []string          `yaml:"assign"`
+	Env    map[string]string `yaml:"env"`
 	// CreateTimeout and StopTimeout bound each step (law 3).
 	CreateTimeout time.Duration `yaml:"create_timeout"`
 	StopTimeout   time.Duration `yaml:"stop_timeout"`
@@ -438,6 +445,7 @@ func (c *Config) Validate() error {
 		bad("dispatcher.github.hook_repo %q: give owner/repo", r)
 	}
 	c.validateRetention(bad)
+	c.validateWarm(bad)
 	seen := map[string]bool{}
 	for i, a := range c.Agents {
 		if err := events.ValidName("host", a.Host); err != nil {

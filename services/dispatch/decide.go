@@ -31,6 +31,11 @@ type Plan struct {
 	// stop VMs whose slot is released. A release never waits for a teardown.
 	Release  []events.SlotReleased
 	Teardown []events.AttemptTeardownRequested
+	// Claim binds idle warm VMs to queued jobs (pool ledger, expected
+	// sequence), before anything is minted for them; Place boots warm VMs
+	// (no JIT config).
+	Claim []events.AttemptClaimed
+	Place []events.AttemptPlaced
 	// Unschedulable gives up on jobs that failed too many placements.
 	Unschedulable []events.JobUnschedulable
 	// Conflicts records jobs GitHub reported on a runner bound to another
@@ -57,6 +62,9 @@ type Params struct {
 	RegistrationTimeout, ProvisionTimeout time.Duration
 	// Now is when the plan is made (the dispatcher sets it every round).
 	Now time.Time
+	// Warm is each pool's warm target (issue 8); a pool without one keeps
+	// no warm VM.
+	Warm map[string]WarmPool
 }
 
 // Expired names the deadline a placed, unbound attempt has passed
@@ -70,8 +78,10 @@ func (p Params) Expired(f *events.Fleet, a *events.Attempt) string {
 	case p.Now.IsZero():
 	case a.RunnerStarted && p.RegistrationTimeout > 0 && p.Now.Sub(a.RunnerStartedAt) > p.RegistrationTimeout:
 		return events.ReleaseRegistration
-	case !a.RunnerStarted && p.ProvisionTimeout > 0 && p.Now.Sub(a.ReservedAt) > p.ProvisionTimeout:
-		return events.ReleaseProvisionTimeout
+	case !a.RunnerStarted && p.ProvisionTimeout > 0:
+		if since, ok := a.ProvisionClock(); ok && p.Now.Sub(since) > p.ProvisionTimeout {
+			return events.ReleaseProvisionTimeout
+		}
 	}
 	return ""
 }
@@ -103,6 +113,7 @@ func Decide(f *events.Fleet, p Params) Plan {
 		}
 	}
 	unbound := map[string][]*events.Attempt{}
+	warm := map[string][]*events.Attempt{} // free warm VMs per pool: booting or idle, no job claimed
 	ownUnbound := map[int64]bool{}
 	expiring := map[string]bool{} // past a deadline, deregistration planned
 	for _, a := range sortedAttempts(f) {
@@ -137,14 +148,24 @@ func Decide(f *events.Fleet, p Params) Plan {
 			expiring[a.ID] = true
 			unbound[a.Pool] = append(unbound[a.Pool], a)
 			ownUnbound[a.JobID] = true
+		case a.Held() && bound == 0 && a.WarmFree():
+			// A warm VM no job claimed: not supply (no runner exists for
+			// it), a VM a queued job can claim.
+			warm[a.Pool] = append(warm[a.Pool], a)
 		case a.Held() && bound == 0:
 			unbound[a.Pool] = append(unbound[a.Pool], a)
 			ownUnbound[a.JobID] = true
-			if !a.Placed {
+			switch {
+			case a.Warm && a.Ready && !a.Assigned: // claimed and booted: mint its JIT config
+				plan.Mint = append(plan.Mint, a)
+			case !a.Warm && !a.Placed:
 				plan.Mint = append(plan.Mint, a)
 			}
 		case a.Released && a.Placed && !a.TeardownReq && !a.Stopped:
 			plan.Teardown = append(plan.Teardown, teardown(a, a.ReleaseReason))
+		}
+		if a.Warm && a.Held() && !a.Placed && !a.TeardownReq {
+			plan.Place = append(plan.Place, warmPlacement(a))
 		}
 		// A released runner that never ran a job leaves a registration
 		// behind (GitHub removes only runners that ran their job): delete
@@ -158,17 +179,24 @@ func Decide(f *events.Fleet, p Params) Plan {
 		pools = append(pools, name)
 	}
 	sort.Strings(pools)
+	var refills []func()
 	booked := map[string]int{}     // host → attempts booked in this plan
 	heldNow := map[[2]string]int{} // host,pool → slots booked in this plan
 	for _, pool := range pools {
 		jobs := demand[pool]
 		supply := unbound[pool]
+		free := warm[pool]
+		claimOrder(free)
+		if _, kept := p.Warm[pool]; kept || len(free) > 0 {
+			// After every pool's demand: jobs come before warm VMs.
+			refills = append(refills, func() { plan.refill(f, p, pool, labels[pool], free, booked, heldNow) })
+		}
 		if surplus := len(supply) - len(jobs); surplus > 0 {
 			for _, a := range leastAdvanced(supply, surplus) {
 				if expiring[a.ID] {
 					continue // already planned
 				}
-				if a.Placed && !a.Deregistered {
+				if a.Placed && a.RunnerID != 0 && !a.Deregistered {
 					plan.Deregister = append(plan.Deregister, a)
 				} else {
 					plan.Release = append(plan.Release, release(a, events.ReleaseSurplus))
@@ -197,7 +225,17 @@ func Decide(f *events.Fleet, p Params) Plan {
 				need--
 				continue
 			}
-			host := pickHost(f, pool, booked, heldNow)
+			if len(free) > 0 {
+				// An idle (or booting) warm VM serves it: claimed by a fact
+				// before anything is minted; no job waits for a cold boot
+				// while one exists.
+				a := free[0]
+				free = free[1:]
+				plan.Claim = append(plan.Claim, events.AttemptClaimed{Pool: pool, Host: a.Host, Attempt: a.ID, JobID: j.ID})
+				need--
+				continue
+			}
+			host := pickHost(f, pool, booked, heldNow, false)
 			if host == "" {
 				break // no free slot or physical room: the job stays demand
 			}
@@ -209,22 +247,37 @@ func Decide(f *events.Fleet, p Params) Plan {
 			need--
 		}
 	}
-	// An attempt released in this plan (surplus) gets no JIT config: no
-	// runner registration without a reserved slot (law 1).
-	if len(plan.Release) > 0 && len(plan.Mint) > 0 {
-		gone := map[string]bool{}
-		for _, r := range plan.Release {
-			gone[r.Attempt] = true
-		}
-		var mint []*events.Attempt
-		for _, a := range plan.Mint {
-			if !gone[a.ID] {
-				mint = append(mint, a)
-			}
-		}
-		plan.Mint = mint
+	for _, refill := range refills {
+		refill()
 	}
+	plan.withoutReleased()
 	return plan
+}
+
+// withoutReleased drops, from what the plan mints and boots, the attempts
+// it releases: no runner registration and no VM without a held slot (law 1).
+func (plan *Plan) withoutReleased() {
+	if len(plan.Release) == 0 {
+		return
+	}
+	gone := map[string]bool{}
+	for _, r := range plan.Release {
+		gone[r.Attempt] = true
+	}
+	var mint []*events.Attempt
+	for _, a := range plan.Mint {
+		if !gone[a.ID] {
+			mint = append(mint, a)
+		}
+	}
+	plan.Mint = mint
+	var place []events.AttemptPlaced
+	for _, pl := range plan.Place {
+		if !gone[pl.Attempt] {
+			place = append(place, pl)
+		}
+	}
+	plan.Place = place
 }
 
 // hostWithdrawn says why an unbound attempt's host no longer takes it, or "".
@@ -242,12 +295,13 @@ func hostWithdrawn(f *events.Fleet, a *events.Attempt) string {
 }
 
 // pickHost returns the accepting host with the most free slots in pool and
-// physical room, or "". Ties go to the name that sorts first.
-func pickHost(f *events.Fleet, pool string, booked map[string]int, heldNow map[[2]string]int) string {
+// physical room, or "". Ties go to the name that sorts first. warm asks for
+// a host whose backend can keep warm VMs.
+func pickHost(f *events.Fleet, pool string, booked map[string]int, heldNow map[[2]string]int, warm bool) string {
 	best, bestFree := "", 0
 	for name, h := range f.Hosts {
 		ps, ok := h.Pools[pool]
-		if !ok || !h.Accepts() || h.CurveKey == "" {
+		if !ok || !h.Accepts() || h.CurveKey == "" || (warm && !h.Assign) {
 			continue
 		}
 		free := ps.Slots - h.Held[pool] - heldNow[[2]string{name, pool}]

@@ -153,7 +153,11 @@ func (d *Dispatcher) observeLatency(e events.Event) {
 			return
 		}
 		if j := d.fleet.Jobs[a.JobID]; j != nil && !j.QueuedAt.IsZero() {
-			d.metrics.onlineSeconds.WithLabelValues(a.Pool).Observe(e.Time.Sub(j.QueuedAt).Seconds())
+			start := "cold"
+			if a.Warm {
+				start = "warm"
+			}
+			d.metrics.onlineSeconds.WithLabelValues(a.Pool, start).Observe(e.Time.Sub(j.QueuedAt).Seconds())
 		}
 	}
 }
@@ -208,6 +212,14 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 		}
 	}
 	conflicted := map[string]bool{}
+	for _, c := range plan.Claim {
+		if conflicted[c.Pool] {
+			continue
+		}
+		if err := d.appendPool(ctx, now, c, c.Pool); errors.Is(err, eventlog.ErrConflict) {
+			conflicted[c.Pool] = true // re-read the ledger, decide again
+		}
+	}
 	for _, r := range plan.Reserve {
 		if conflicted[r.Pool] {
 			continue
@@ -217,6 +229,9 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 		} else if err == nil {
 			crashpoint.Hit(crashpoint.DispatcherAfterReserve)
 		}
+	}
+	for _, pl := range plan.Place {
+		d.append(ctx, now, pl, nil) // boots a warm VM: nothing minted, nothing asked of GitHub
 	}
 	for _, a := range plan.Mint {
 		d.mint(ctx, now, a)
@@ -334,6 +349,8 @@ func poolOf(p events.Payload) string {
 		return v.Pool
 	case events.SlotReleased:
 		return v.Pool
+	case events.AttemptClaimed:
+		return v.Pool
 	}
 	return ""
 }
@@ -354,7 +371,7 @@ func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt)
 	d.pending[key] = now
 	req := MintRequest{RunnerName: a.ID, Labels: a.Labels, Org: job.Org, Repo: job.Repo}
 	ref := events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}
-	jobID, sealTo := a.JobID, host.CurveKey
+	jobID, sealTo, warm := a.JobID, host.CurveKey, a.Warm
 	logger := d.opts.Logger.With("attempt", a.ID, "pool", a.Pool, "host", a.Host, "job", a.JobID)
 	d.wg.Add(1)
 	go func() {
@@ -398,8 +415,12 @@ func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt)
 			logger.Error("sealing JIT config failed", "err", err)
 			return
 		}
-		placed := events.AttemptPlaced{AttemptRef: ref, JobID: jobID, Labels: req.Labels, RunnerID: runnerID,
+		var placed events.Payload = events.AttemptPlaced{AttemptRef: ref, JobID: jobID, Labels: req.Labels, RunnerID: runnerID,
 			SealedJIT: sealed, SealedBy: d.curvePub, SealedTo: sealTo}
+		if warm { // a claimed warm VM: hand its JIT config to the VM that waits
+			placed = events.AttemptAssigned{AttemptRef: ref, JobID: jobID, RunnerID: runnerID,
+				SealedJIT: sealed, SealedBy: d.curvePub, SealedTo: sealTo}
+		}
 		// Place from the loop, against the fold as it is now: a slot
 		// released while GitHub was answering gets no VM (law 1).
 		d.Loop.Post(ctx, func() {
@@ -411,7 +432,11 @@ func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt)
 				logger.Warn("placement append failed; will mint again", "err", err)
 				return
 			}
-			logger.Info("attempt placed")
+			if warm {
+				logger.Info("JIT config handed to a warm VM")
+			} else {
+				logger.Info("attempt placed")
+			}
 		})
 	}()
 }

@@ -23,6 +23,7 @@ type Metrics struct {
 	// queueSeconds: queued → a runner took the job; onlineSeconds: queued →
 	// the runner booked for it started. Both per pool.
 	queueSeconds, onlineSeconds *prometheus.HistogramVec
+	warm                        *prometheus.GaugeVec
 }
 
 // latencyBuckets span a warm hit (under a second) to a long wait for a
@@ -56,8 +57,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Time from a job's queued webhook to the in_progress webhook of the runner that took it, per pool.", Buckets: latencyBuckets},
 		[]string{"pool"})
 	m.onlineSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "berth_runner_online_seconds",
-		Help: "Time from a job's queued webhook to the start of the runner booked for it, per pool.", Buckets: latencyBuckets},
-		[]string{"pool"})
+		Help:    "Time from a job's queued webhook to the start of the runner booked for it, per pool, by start: warm (a VM booted before the job) or cold.",
+		Buckets: latencyBuckets}, []string{"pool", "start"})
+	m.warm = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "berth_pool_warm_vms",
+		Help: "Warm VMs per pool by state: warming (booting, no job), idle (booted, waiting for a job), assigned (claimed by a job)."},
+		[]string{"pool", "state"})
+	reg.MustRegister(m.warm)
 	reg.MustRegister(m.apiRemaining, m.apiBlocked, m.conflicts, m.queueSeconds, m.onlineSeconds)
 	for _, reason := range []string{"unknown_type", "malformed", "poison"} {
 		m.skippedTotal.WithLabelValues(reason) // exported at 0 from the start, so rates and alerts see it
@@ -98,5 +103,8 @@ func (m *Metrics) observe(f *events.Fleet) {
 		m.held.WithLabelValues(p.Name).Set(float64(p.Held))
 		m.capacity.WithLabelValues(p.Name).Set(float64(p.Capacity))
 		m.demand.WithLabelValues(p.Name).Set(float64(p.PendingDemand))
+		m.warm.WithLabelValues(p.Name, "warming").Set(float64(p.WarmWarming))
+		m.warm.WithLabelValues(p.Name, "idle").Set(float64(p.WarmIdle))
+		m.warm.WithLabelValues(p.Name, "assigned").Set(float64(p.WarmAssigned))
 	}
 }

@@ -68,7 +68,7 @@ func TestQueueAndRunnerOnlineLatenciesPerPool(t *testing.T) {
 	}
 	for _, mf := range families {
 		for _, m := range mf.GetMetric() {
-			if h := m.GetHistogram(); h != nil && len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == "linux" {
+			if h := m.GetHistogram(); h != nil && len(m.GetLabel()) >= 1 && m.GetLabel()[0].GetValue() == "linux" {
 				got[mf.GetName()] = [2]float64{float64(h.GetSampleCount()), h.GetSampleSum()}
 			}
 		}

@@ -347,7 +347,7 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	app := &eventlog.Appender{JS: js, Source: "berth/dispatcher"}
 	d, err := dispatch.New(&eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 500 * time.Millisecond,
 		SnapshotKey: "dispatcher", Consumer: consumer("dispatcher"), Replicas: cfg.NATS.Replicas}, app, minter,
-		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts,
+		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts, Warm: warmPools(dc.WarmPools),
 			RegistrationTimeout: cfg.Watchdog.RegistrationTimeout, ProvisionTimeout: cfg.Watchdog.ProvisionTimeout}, MintTimeout: dc.MintTimeout,
 			Retention: cfg.Watchdog.Retention, Budget: budget, Logger: logger,
 			Reconcile:   dispatch.Reconcile{After: dc.ReconcileAfter, Every: dc.ReconcileEvery, Limit: dc.ReconcileLimit},
@@ -480,7 +480,7 @@ func Agent(ctx context.Context, s *System, cfg *config.Config, ac config.Agent, 
 	}
 	be := exec.New(ac.Backend.Exec.Create, ac.Backend.Exec.Stop, ac.Backend.Exec.Env).
 		WithList(ac.Backend.Exec.List, filepath.Join(cfg.DataDir, "agents", ac.Host, "attempts"))
-	be.Host = ac.Host
+	be.Host, be.AssignCmd = ac.Host, ac.Backend.Exec.Assign
 	return AgentWith(ctx, s, cfg, ac, be, logger)
 }
 
@@ -566,4 +566,26 @@ func JetStream(url string) (func(), jetstream.JetStream, error) {
 		return nil, nil, err
 	}
 	return nc.Close, js, nil
+}
+
+// warmPools turns the validated config into the dispatcher's warm targets.
+func warmPools(in map[string]config.WarmPool) map[string]dispatch.WarmPool {
+	if len(in) == 0 {
+		return nil
+	}
+	out := map[string]dispatch.WarmPool{}
+	for pool, w := range in {
+		wp := dispatch.WarmPool{MinIdle: w.MinIdle, MaxIdleAge: w.MaxIdleAge}
+		if w.TimeZone != "" {
+			wp.Location, _ = time.LoadLocation(w.TimeZone) // validated with the config
+		}
+		for _, win := range w.Schedule {
+			days, _ := config.ParseDays(win.Days)
+			from, _ := config.ParseClock(win.From)
+			to, _ := config.ParseClock(win.To)
+			wp.Schedule = append(wp.Schedule, dispatch.WarmWindow{Days: days, From: from, To: to, MinIdle: win.MinIdle})
+		}
+		out[pool] = wp
+	}
+	return out
 }

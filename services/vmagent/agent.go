@@ -243,7 +243,7 @@ func (a *Agent) announce(ctx context.Context) error {
 	pub, _ := a.curve.PublicKey()
 	now := a.opts.Now()
 	online := events.HostOnline{Host: a.opts.Host, Boot: a.boot, Pools: a.opts.Pools,
-		PhysicalCap: a.opts.PhysicalCap, CurveKey: pub, Backend: a.backend.Name(), At: now.UTC()}
+		PhysicalCap: a.opts.PhysicalCap, CurveKey: pub, Backend: a.backend.Name(), Assign: a.backend.CanAssign(), At: now.UTC()}
 	_, _, err := a.log.Append(ctx, a.log.New(now, online), nil)
 	return err
 }
@@ -301,7 +301,13 @@ func (a *Agent) Decide(ctx context.Context) {
 			}
 		case at.Placed && !a.provisioned(at) && !at.TeardownReq && !a.creating[at.ID]:
 			a.startCreate(ctx, at)
-		case a.forceStop && at.VMLive() && !at.Stopped && !a.creating[at.ID] && !a.stopping[at.ID] && !a.stopAppended(at):
+		case at.Warm && at.Assigned && at.Ready && !at.RunnerStarted && !at.Failed && !at.Abandoned && !at.TeardownReq &&
+			!a.creating[at.ID] && !a.assignReported(at):
+			a.startAssign(ctx, at)
+		case (a.forceStop || (a.draining && at.Warm && !at.Assigned)) && at.VMLive() && !at.Stopped &&
+			!a.creating[at.ID] && !a.stopping[at.ID] && !a.stopAppended(at):
+			// A drain stops warm VMs no job was handed to at once: they have
+			// no job to finish.
 			a.startStop(ctx, at)
 		case (at.TeardownReq || at.Abandoned) && !at.Stopped && !a.creating[at.ID] && !a.stopping[at.ID] && !a.stopAppended(at):
 			if !a.provisioned(at) {
@@ -410,6 +416,71 @@ func (a *Agent) vm(at *events.Attempt) backend.VM {
 		JITConfigFile: filepath.Join(dir, "jitconfig"), WorkDir: dir}
 }
 
+// outcome is the fact a create or assign step's result calls for: success
+// when it returned nil; abandoned when it overran its deadline (law 3);
+// failed otherwise. ok is false when the agent is shutting down (the
+// watchdog's deadline covers the attempt then).
+func (a *Agent) outcome(ctx context.Context, r events.AttemptRef, step string, err error, success events.Payload, logger *slog.Logger) (events.Payload, bool) {
+	switch {
+	case ctx.Err() != nil:
+		return nil, false
+	case errors.Is(err, context.DeadlineExceeded):
+		logger.Warn(step+" overran its deadline; abandoned", "after", a.opts.CreateTimeout)
+		return events.AttemptAbandoned{AttemptRef: r, Step: step, After: a.opts.CreateTimeout}, true
+	case err != nil:
+		logger.Warn(step+" failed", "err", err)
+		return events.AttemptFailed{AttemptRef: r, Step: step, Error: err.Error()}, true
+	}
+	logger.Info(step+" done", "result", success.EventType())
+	return success, true
+}
+
+// assignReported: this agent appended the assign step's outcome and the
+// fold has not caught up with it yet.
+func (a *Agent) assignReported(at *events.Attempt) bool {
+	for _, p := range []events.Payload{events.AttemptRunnerStarted{AttemptRef: ref(at)}, events.AttemptFailed{AttemptRef: ref(at)},
+		events.AttemptAbandoned{AttemptRef: ref(at)}} {
+		if _, ok := a.appended[a.log.New(time.Time{}, p).ID]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// startAssign hands a claimed warm VM its JIT config: opens the sealed
+// config, writes its file, and runs the backend's assign step off the loop
+// under the create deadline (law 3). The runner has started when it returns.
+func (a *Agent) startAssign(ctx context.Context, at *events.Attempt) {
+	r := ref(at)
+	vm, sealed, sealedBy := a.vm(at), at.SealedJIT, at.SealedBy
+	vm.Warm = true
+	a.creating[at.ID] = true
+	logger := a.opts.Logger.With("attempt", at.ID, "pool", at.Pool, "job", at.JobID)
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		start := time.Now()
+		jit, err := a.curve.Open(sealed, sealedBy)
+		if err == nil {
+			err = writeJIT(vm, jit)
+		}
+		var result events.Payload
+		if err != nil {
+			result = events.AttemptFailed{AttemptRef: r, Step: "open_jit", Error: err.Error()}
+		} else {
+			err = a.step(ctx, a.opts.CreateTimeout, func(c context.Context) error { return a.backend.Assign(c, vm) })
+			var ok bool
+			if result, ok = a.outcome(ctx, r, "assign", err, events.AttemptRunnerStarted{AttemptRef: r, Took: time.Since(start)}, logger); !ok {
+				return
+			}
+		}
+		a.Loop.Post(ctx, func() {
+			delete(a.creating, r.Attempt)
+			a.append(ctx, result)
+		})
+	}()
+}
+
 // startCreate records "provisioning" before calling the backend, so a
 // restarted agent never creates the same attempt twice, then runs create off
 // the loop under its deadline.
@@ -419,7 +490,10 @@ func (a *Agent) startCreate(ctx context.Context, at *events.Attempt) {
 		return
 	}
 	crashpoint.Hit(crashpoint.AgentAfterProvisioning)
-	vm, sealed, sealedBy := a.vm(at), at.SealedJIT, at.SealedBy
+	vm, sealed, sealedBy, warm := a.vm(at), at.SealedJIT, at.SealedBy, at.Warm
+	if warm {
+		vm.Warm, vm.JITConfigFile = true, "" // booted now, handed its JIT config when a job claims it
+	}
 	a.creating[at.ID] = true
 	logger := a.opts.Logger.With("attempt", at.ID, "pool", at.Pool, "job", at.JobID)
 	a.wg.Add(1)
@@ -427,9 +501,14 @@ func (a *Agent) startCreate(ctx context.Context, at *events.Attempt) {
 		defer a.wg.Done()
 		// Opening the sealed config and writing its file are off the loop
 		// too: a slow or full disk must not hold every other attempt.
-		jit, err := a.curve.Open(sealed, sealedBy)
-		if err == nil {
-			err = writeJIT(vm, jit)
+		var err error
+		if warm { // its work dir now, its JIT config on assign
+			err = os.MkdirAll(vm.WorkDir, 0o700)
+		} else {
+			var jit []byte
+			if jit, err = a.curve.Open(sealed, sealedBy); err == nil {
+				err = writeJIT(vm, jit)
+			}
 		}
 		if err != nil {
 			a.Loop.Post(ctx, func() {
@@ -441,18 +520,13 @@ func (a *Agent) startCreate(ctx context.Context, at *events.Attempt) {
 		start := time.Now()
 		err = a.step(ctx, a.opts.CreateTimeout, func(c context.Context) error { return a.backend.Create(c, vm) })
 		crashpoint.Hit(crashpoint.AgentAfterCreate)
-		var result events.Payload = events.AttemptRunnerStarted{AttemptRef: r, Took: time.Since(start)}
-		switch {
-		case ctx.Err() != nil:
-			return // shutting down: the watchdog's deadline covers this attempt
-		case errors.Is(err, context.DeadlineExceeded):
-			logger.Warn("create overran its deadline; abandoned", "after", a.opts.CreateTimeout)
-			result = events.AttemptAbandoned{AttemptRef: r, Step: "create", After: a.opts.CreateTimeout}
-		case err != nil:
-			logger.Warn("create failed", "err", err)
-			result = events.AttemptFailed{AttemptRef: r, Step: "create", Error: err.Error()}
-		default:
-			logger.Info("runner started", "took", time.Since(start).Round(time.Millisecond))
+		var success events.Payload = events.AttemptRunnerStarted{AttemptRef: r, Took: time.Since(start)}
+		if warm {
+			success = events.AttemptReady{AttemptRef: r}
+		}
+		result, ok := a.outcome(ctx, r, "create", err, success, logger)
+		if !ok {
+			return
 		}
 		a.Loop.Post(ctx, func() {
 			delete(a.creating, r.Attempt)

@@ -313,3 +313,49 @@ func TestAgentAdvertisesTheSmallerOfItsAndTheBackendsPhysicalCap(t *testing.T) {
 		}
 	}
 }
+
+// Given an agent whose backend can assign (issue 8), when a warm VM is
+// placed, then it is created without a JIT config (vm.Warm, no file) and
+// reported ready, not as a started runner; when the dispatcher hands it a
+// JIT config, the backend's assign step gets the opened config in the
+// attempt's own 0600 file, the runner is reported started, and create is
+// never called again. The host advertises that it can keep warm VMs.
+func TestAWarmVMBootsWithoutAJITConfigAndStartsItsRunnerOnAssign(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, nil)
+	online := h.find(func(e events.Event) bool { _, ok := e.Data.(*events.HostOnline); return ok })
+	if len(online) == 0 || !online[len(online)-1].Data.(*events.HostOnline).Assign {
+		t.Fatal("the host does not advertise that it can keep warm VMs")
+	}
+	const id = "berth-warm-linux-1"
+	r := events.AttemptRef{Attempt: id, Pool: "linux", Host: h.host}
+	labels := []string{"self-hosted", "linux"}
+	h.append(t, events.SlotReserved{Pool: "linux", Host: h.host, Attempt: id, N: 1, Labels: labels, Warm: true})
+	h.append(t, events.AttemptPlaced{AttemptRef: r, Labels: labels, Warm: true})
+	h.wait(t, id, events.TypeAttemptReady)
+	creates := h.be.callsTo("create", id)
+	if len(creates) != 1 || !creates[0].vm.Warm || creates[0].vm.JITConfigFile != "" {
+		t.Fatalf("create calls %+v: want one, warm, with no JIT config file", creates)
+	}
+	if got := h.attemptFacts(id, events.TypeAttemptRunnerStarted); len(got) != 0 {
+		t.Fatalf("a warm VM with no job reported a started runner: %v", got)
+	}
+
+	jit := []byte(`{"name":"berth-warm-linux-1","encoded_jit_config":"d2FybQ=="}`)
+	sealed, err := h.sealer.Seal(jit, h.agentKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	by, _ := h.sealer.PublicKey()
+	h.append(t, events.AttemptClaimed{Pool: "linux", Host: h.host, Attempt: id, JobID: 77})
+	h.append(t, events.AttemptAssigned{AttemptRef: r, JobID: 77, RunnerID: 770, SealedJIT: sealed, SealedBy: by, SealedTo: h.agentKey})
+	h.wait(t, id, events.TypeAttemptRunnerStarted)
+	assigns := h.be.callsTo("assign", id)
+	if len(assigns) != 1 || !bytes.Equal(assigns[0].jit, jit) || assigns[0].jitMode != 0o600 ||
+		filepath.Dir(assigns[0].vm.JITConfigFile) != assigns[0].vm.WorkDir {
+		t.Fatalf("assign calls %+v: want one, with the opened JIT config in the attempt's own 0600 file", assigns)
+	}
+	if n := len(h.be.callsTo("create", id)); n != 1 {
+		t.Fatalf("create called %d times, want once: the VM already runs", n)
+	}
+}

@@ -68,6 +68,10 @@ func (f *fakeBackend) Name() string { return "fake" }
 
 func (f *fakeBackend) PhysicalCap() int { return f.physicalCap }
 
+func (f *fakeBackend) CanAssign() bool { return true }
+
+func (f *fakeBackend) Assign(ctx context.Context, vm backend.VM) error { return f.do("assign", vm) }
+
 func (f *fakeBackend) Create(ctx context.Context, vm backend.VM) error { return f.do("create", vm) }
 
 func (f *fakeBackend) Stop(ctx context.Context, vm backend.VM) error { return f.do("stop", vm) }
@@ -84,7 +88,7 @@ func (f *fakeBackend) List(ctx context.Context) ([]string, error) {
 
 func (f *fakeBackend) do(step string, vm backend.VM) error {
 	c := call{vm: vm}
-	if step == "create" {
+	if step == "create" || step == "assign" {
 		c.jit, c.jitErr = os.ReadFile(vm.JITConfigFile)
 		if st, err := os.Stat(vm.JITConfigFile); err == nil {
 			c.jitMode = st.Mode().Perm()

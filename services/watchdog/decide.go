@@ -112,7 +112,7 @@ func Decide(f *events.Fleet, now time.Time, heartbeats map[string]time.Time, p P
 		switch {
 		case a.Held() && lost[a.Host] && lostRelease(a, bound, f.Hosts[a.Host], now, p.HostTTL):
 			plan.release(a, events.ReleaseHostLost)
-		case a.Held() && bound == 0 && !a.RunnerStarted && !a.Failed && now.Sub(a.ReservedAt) > fallback(a, p.ProvisionTimeout):
+		case a.Held() && bound == 0 && !a.RunnerStarted && !a.Failed && provisionOverdue(a, now, fallback(a, p.ProvisionTimeout)):
 			plan.release(a, events.ReleaseProvisionTimeout)
 		case a.Held() && bound == 0 && a.RunnerStarted && p.RegistrationTimeout > 0 && now.Sub(a.RunnerStartedAt) > fallback(a, p.RegistrationTimeout):
 			plan.release(a, events.ReleaseRegistration)
@@ -151,6 +151,14 @@ func lostRelease(a *events.Attempt, bound int64, h *events.Host, now time.Time, 
 		return h != nil && h.State == events.HostStateLost && now.Sub(h.StateAt) > FallbackFactor*ttl
 	}
 	return true
+}
+
+// provisionOverdue: the attempt has waited longer than d for its runner,
+// counted from its booking, or for a claimed warm VM from its claim; an
+// idle warm VM waits for a job, not for a runner, and is never overdue.
+func provisionOverdue(a *events.Attempt, now time.Time, d time.Duration) bool {
+	since, ok := a.ProvisionClock()
+	return ok && now.Sub(since) > d
 }
 
 func overran(j *events.Job, now time.Time, limit time.Duration) bool {

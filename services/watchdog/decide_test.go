@@ -311,3 +311,28 @@ func TestSlotHeldByAStoppedAttemptRaisesALeakAlarmUntilReleased(t *testing.T) {
 		t.Fatalf("alarm cleared: %+v, want quiet", plan)
 	}
 }
+
+// A warm VM (issue 8) is held to the provisioning deadline while it boots
+// and, once a job claims it, from the claim; idle, it waits for a job and
+// no deadline applies (its maximum idle age recycles it).
+func TestWarmVMsProvisioningDeadlines(t *testing.T) {
+	r := func(id string) events.AttemptRef { return events.AttemptRef{Attempt: id, Pool: "linux", Host: "h-a"} }
+	book := func(id string, n int) []events.Payload {
+		return []events.Payload{&events.SlotReserved{Pool: "linux", Host: "h-a", Attempt: id, N: n, Labels: linux, Warm: true},
+			&events.AttemptPlaced{AttemptRef: r(id), Labels: linux, Warm: true}, &events.AttemptProvisioning{AttemptRef: r(id)}}
+	}
+	booting, idle, claimed := events.WarmAttemptID("linux", 1), events.WarmAttemptID("linux", 2), events.WarmAttemptID("linux", 3)
+	l := given().at(0, host("h-a")).at(0, book(booting, 1)...).at(0, book(idle, 2)...).at(0, book(claimed, 3)...)
+	l.at(time.Second, &events.AttemptReady{AttemptRef: r(idle)}, &events.AttemptReady{AttemptRef: r(claimed)})
+	claimAt := 2 * time.Hour
+	l.at(claimAt, &events.JobQueued{JobRef: job(9)}, &events.AttemptClaimed{Pool: "linux", Host: "h-a", Attempt: claimed, JobID: 9})
+
+	got := released(l.decide(claimAt+time.Second, nil).Release)
+	if got[booting] != events.ReleaseProvisionTimeout || got[idle] != "" || got[claimed] != "" {
+		t.Fatalf("releases %v: want the VM still booting after 2h released, the idle one and the one just claimed kept", got)
+	}
+	got = released(l.decide(claimAt+params.ProvisionTimeout+time.Second, nil).Release)
+	if got[claimed] != events.ReleaseProvisionTimeout || got[idle] != "" {
+		t.Fatalf("releases %v: want the claimed VM released %s after its claim with no runner, the idle one kept", got, params.ProvisionTimeout)
+	}
+}

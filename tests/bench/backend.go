@@ -49,6 +49,12 @@ func (b *InProc) Name() string { return "bench-inproc" }
 // PhysicalCap implements backend.Backend: no limit of its own.
 func (b *InProc) PhysicalCap() int { return 0 }
 
+// CanAssign implements backend.Backend: no warm VMs.
+func (b *InProc) CanAssign() bool { return false }
+
+// Assign implements backend.Backend.
+func (b *InProc) Assign(context.Context, backend.VM) error { return backend.ErrNoAssign }
+
 // Create implements backend.Backend: it starts the runner and returns.
 func (b *InProc) Create(ctx context.Context, vm backend.VM) error {
 	raw, err := os.ReadFile(vm.JITConfigFile)

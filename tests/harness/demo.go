@@ -23,17 +23,23 @@ type Report struct {
 	Failed       int // not completed, completed twice, or by a runner not ours
 	Conclusions  map[string]int
 	QueueToStart []time.Duration // queued → a runner took it, per served job
-	SlotsHeld    int
-	VMsAlive     int // live VMs in the fold plus attempt dirs left on the agents
-	Attempts     int
-	Events       uint64
-	ReplayEqual  bool   // a fresh replay of the log equals the live dispatcher's projection
-	ReplayDiff   string // when not equal
-	Violations   []events.Violation
-	Elapsed      time.Duration
-	NATSURL      string
-	Dispatcher   string // base URLs of the live services, for berth replay --check
-	Watchdog     string
+	// WarmHits and ColdStarts split the served jobs: on a VM booted before
+	// the job (a warm pool's) or on one booked for it; with their queued →
+	// runner-took-it times.
+	WarmHits, ColdStarts          int
+	QueueToStartWarm, QueueToCold []time.Duration
+	WarmIdle                      int // warm VMs booting or idle at the end: the pools' targets, not leftovers
+	SlotsHeld                     int
+	VMsAlive                      int // live VMs in the fold plus attempt dirs left on the agents
+	Attempts                      int
+	Events                        uint64
+	ReplayEqual                   bool   // a fresh replay of the log equals the live dispatcher's projection
+	ReplayDiff                    string // when not equal
+	Violations                    []events.Violation
+	Elapsed                       time.Duration
+	NATSURL                       string
+	Dispatcher                    string // base URLs of the live services, for berth replay --check
+	Watchdog                      string
 }
 
 // OK is the demo's verdict: every job served once, nothing left held or alive.
@@ -125,19 +131,20 @@ func allCompleted(jobs []ghsim.JobView) bool {
 	return true
 }
 
-// settled: no slot held, no VM alive, no job waiting in the projection.
+// settled: no slot held, no VM alive, no job waiting in the projection,
+// but for warm pools' VMs waiting for jobs (idle; none still booting).
 func settled(st events.Status) bool {
+	warm, live := 0, 0
 	for _, p := range st.Pools {
-		if p.Held > 0 || p.PendingDemand > 0 {
+		if p.Held-p.WarmIdle > 0 || p.PendingDemand > 0 {
 			return false
 		}
+		warm += p.WarmIdle
 	}
 	for _, h := range st.Hosts {
-		if h.LiveVMs > 0 {
-			return false
-		}
+		live += h.LiveVMs
 	}
-	return true
+	return live <= warm
 }
 
 func progressLine(jobs []ghsim.JobView, total int, st events.Status) string {
@@ -178,24 +185,47 @@ func (f *Fleet) report(ctx context.Context, rep Report) (Report, error) {
 	if err != nil {
 		return rep, err
 	}
-	_ = live
 	for _, j := range f.Sim.Jobs() {
 		ours := strings.HasPrefix(j.RunnerName, "berth-")
 		if j.Status == "completed" && j.Completions == 1 && ours {
 			rep.Served++
 			rep.Conclusions[j.Conclusion]++
 			rep.QueueToStart = append(rep.QueueToStart, j.StartedAt.Sub(j.QueuedAt))
+			if strings.HasPrefix(j.RunnerName, "berth-warm-") {
+				rep.WarmHits++
+				rep.QueueToStartWarm = append(rep.QueueToStartWarm, j.StartedAt.Sub(j.QueuedAt))
+			} else {
+				rep.ColdStarts++
+				rep.QueueToCold = append(rep.QueueToCold, j.StartedAt.Sub(j.QueuedAt))
+			}
 		} else {
 			rep.Failed++
 		}
 	}
+	// A warm pool's VMs that wait for jobs are its target, not leftovers.
+	warmFree := map[string]bool{}
+	for id, a := range live.Attempts {
+		if a.WarmFree() {
+			warmFree[id] = true
+		}
+	}
 	for _, p := range liveStatus.Pools {
-		rep.SlotsHeld += p.Held
+		rep.SlotsHeld += p.Held - p.WarmWarming - p.WarmIdle
+		rep.WarmIdle += p.WarmWarming + p.WarmIdle
 	}
 	for _, h := range liveStatus.Hosts {
 		rep.VMsAlive += h.LiveVMs
 		dirs, _ := os.ReadDir(filepath.Join(f.Config.DataDir, "agents", h.Name, "attempts"))
-		rep.VMsAlive += len(dirs)
+		for _, d := range dirs {
+			if !warmFree[d.Name()] {
+				rep.VMsAlive++
+			}
+		}
+	}
+	for id := range warmFree {
+		if a := live.Attempts[id]; a.VMLive() {
+			rep.VMsAlive--
+		}
 	}
 	rep.ReplayEqual, rep.ReplayDiff, err = f.ReplayEquals(ctx)
 	return rep, err
@@ -253,6 +283,11 @@ func PrintSummary(w io.Writer, r Report, keep bool) {
 		r.Served, r.Jobs, r.Conclusions["success"], r.Conclusions["failure"])
 	fmt.Fprintf(w, "jobs not served:        %d\n", r.Failed)
 	fmt.Fprintf(w, "queued → runner online: p50 %s, p99 %s\n", Percentile(r.QueueToStart, 50).Round(time.Millisecond), Percentile(r.QueueToStart, 99).Round(time.Millisecond))
+	fmt.Fprintf(w, "  warm hits:            %d jobs, p50 %s, p99 %s (on a VM booted before the job)\n", r.WarmHits,
+		Percentile(r.QueueToStartWarm, 50).Round(time.Millisecond), Percentile(r.QueueToStartWarm, 99).Round(time.Millisecond))
+	fmt.Fprintf(w, "  cold starts:          %d jobs, p50 %s, p99 %s (VM booked and booted for the job)\n", r.ColdStarts,
+		Percentile(r.QueueToCold, 50).Round(time.Millisecond), Percentile(r.QueueToCold, 99).Round(time.Millisecond))
+	fmt.Fprintf(w, "warm VMs idle at end:   %d (the warm pools' targets)\n", r.WarmIdle)
 	fmt.Fprintf(w, "slots held at the end:  %d\n", r.SlotsHeld)
 	fmt.Fprintf(w, "VMs alive at the end:   %d\n", r.VMsAlive)
 	fmt.Fprintf(w, "attempts:               %d; events in the log: %d\n", r.Attempts, r.Events)

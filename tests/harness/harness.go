@@ -32,6 +32,8 @@ type Options struct {
 	Timeout     time.Duration
 	Progress    io.Writer // live progress lines; nil for none
 	Logger      *slog.Logger
+	// Warm keeps this many warm VMs in the linux pool (issue 8); 0: none.
+	Warm int
 	// Tune, when set, adjusts the fleet's configuration after the defaults
 	// (hosts, pools, slots, physical caps, exec commands and their env,
 	// step timeouts, watchdog deadlines): the scenario tests shape their
@@ -117,6 +119,7 @@ func Config(o Options, root, runner, simURL, dispAddr, secret string) *config.Co
 			},
 			Backend: config.Backend{Kind: "exec", Exec: config.Exec{
 				Create: []string{"sh", script, "create"}, Stop: []string{"sh", script, "stop"},
+				Assign:        []string{"sh", script, "assign"},
 				Env:           map[string]string{"BERTH_SIM_RUNNER": runner},
 				CreateTimeout: 20 * time.Second, StopTimeout: 15 * time.Second,
 			}},
@@ -130,6 +133,9 @@ func Config(o Options, root, runner, simURL, dispAddr, secret string) *config.Co
 		Watchdog: config.Watchdog{Listen: "127.0.0.1:0", ProvisionTimeout: 30 * time.Second, RegistrationTimeout: 30 * time.Second, TeardownTimeout: 30 * time.Second,
 			HostTTL: 10 * time.Second, DemandWaitingAfter: 30 * time.Second, DemandWaitingEvery: time.Minute},
 		Agents: []config.Agent{agent("host-a"), agent("host-b")},
+	}
+	if o.Warm > 0 {
+		cfg.Dispatcher.WarmPools = map[string]config.WarmPool{"linux": {MinIdle: o.Warm}}
 	}
 	cfg.Defaults()
 	return cfg

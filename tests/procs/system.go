@@ -228,6 +228,7 @@ func (s *System) config(o Options, simURL, dispAddr, secret string) *config.Conf
 		}
 		a.Backend.Exec = config.Exec{
 			Create: []string{"sh", script, "create"}, Stop: []string{"sh", script, "stop"}, List: []string{"sh", script, "list"},
+			Assign:        []string{"sh", script, "assign"},
 			Env:           map[string]string{"BERTH_SIM_RUNNER": s.Bins.Runner, "BERTH_FAULT_DIR": fdir},
 			CreateTimeout: 5 * time.Second, StopTimeout: 5 * time.Second, RetryBase: 200 * time.Millisecond,
 		}

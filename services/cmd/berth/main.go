@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+	_ "time/tzdata" // warm-pool schedules name time zones; scratch images have no zoneinfo
 
 	"github.com/berth-ci/berth/services/cli"
 	"github.com/berth-ci/berth/services/config"

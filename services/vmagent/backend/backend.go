@@ -27,7 +27,15 @@ type VM struct {
 	JITConfigFile string
 	// WorkDir is a directory owned by this attempt alone.
 	WorkDir string
+	// Warm: Create boots the VM without a JIT config (JITConfigFile is
+	// empty) and returns when it is ready; Assign later starts its runner
+	// with the JIT config (issue 8).
+	Warm bool
 }
+
+// ErrNoAssign is returned by Assign when the backend cannot hand a JIT
+// config to a VM that is already running (it keeps no warm VMs).
+var ErrNoAssign = errors.New("backend has no assign step")
 
 // Backend creates and stops VMs.
 type Backend interface {
@@ -46,4 +54,11 @@ type Backend interface {
 	// cap), or 0 when the backend has none and the agent's physical_cap
 	// alone decides. The agent advertises the smaller of the two.
 	PhysicalCap() int
+	// CanAssign reports whether Assign works, so the host may keep warm
+	// VMs; the agent advertises it.
+	CanAssign() bool
+	// Assign starts the runner of a warm VM (booted by Create with
+	// vm.Warm) with the JIT config now in vm.JITConfigFile, and returns
+	// when the runner was started; ErrNoAssign without an assign step.
+	Assign(ctx context.Context, vm VM) error
 }

@@ -24,6 +24,7 @@ func main() {
 	var keep bool
 	var logLevel string
 	flag.IntVar(&o.Jobs, "jobs", 200, "jobs to run")
+	flag.IntVar(&o.Warm, "warm", 2, "warm VMs kept ready in the linux pool (0: none; the summary splits warm hits from cold starts)")
 	flag.Float64Var(&o.MacOSShare, "macos-share", 0.3, "fraction of jobs for the macos pool")
 	flag.DurationVar(&o.MinDuration, "min-duration", 300*time.Millisecond, "shortest job")
 	flag.DurationVar(&o.MaxDuration, "max-duration", 2*time.Second, "longest job")

@@ -254,6 +254,13 @@ func (b *Backend) Name() string { return "ec2" }
 // a limit error on create); the agent's physical_cap decides.
 func (b *Backend) PhysicalCap() int { return 0 }
 
+// CanAssign implements backend.Backend: an instance gets its JIT config in
+// its user data at launch, so EC2 hosts keep no warm VMs.
+func (b *Backend) CanAssign() bool { return false }
+
+// Assign implements backend.Backend: see CanAssign.
+func (b *Backend) Assign(context.Context, backend.VM) error { return backend.ErrNoAssign }
+
 // fallback is what Create does after a RunInstances error.
 type fallback int
 

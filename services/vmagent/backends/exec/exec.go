@@ -5,13 +5,18 @@
 // Contract: each step runs its command with these environment variables,
 // plus the configured extras:
 //
-//	BERTH_STEP             create | stop
+//	BERTH_STEP             create | stop | assign
 //	BERTH_ATTEMPT          attempt id (also the runner and VM name)
 //	BERTH_POOL, BERTH_HOST pool and host names
 //	BERTH_LABELS           runner labels, comma-separated
 //	BERTH_JOB_ID           the GitHub job the attempt was booked for
 //	BERTH_JIT_CONFIG_FILE  path of a 0600 file holding the encoded JIT config
 //	BERTH_WORK_DIR         a directory owned by this attempt alone
+//
+// Warm VMs (issue 8): with an assign command, create runs for a warm VM
+// with BERTH_WARM=1 and an empty BERTH_JIT_CONFIG_FILE, and returns when the
+// VM is ready; assign (BERTH_STEP=assign) then starts its runner with the
+// JIT config's file.
 //
 // The optional list step (BERTH_STEP=list) gets BERTH_ATTEMPTS_DIR, the
 // parent of every attempt's work dir, and BERTH_HOST, and prints the attempt
@@ -43,6 +48,10 @@ type Backend struct {
 	CreateCmd []string
 	StopCmd   []string
 	ListCmd   []string
+	// AssignCmd, optional, starts a warm VM's runner (BERTH_STEP=assign);
+	// with it the host can keep warm VMs, whose create step runs with
+	// BERTH_WARM=1 and no JIT config.
+	AssignCmd []string
 	Env       map[string]string
 	// Host is the agent's host name, given to the list step as BERTH_HOST
 	// (a backend shared by several hosts, such as one Docker engine, lists
@@ -91,6 +100,18 @@ func (b *Backend) Name() string { return "exec" }
 // their own; the agent's physical_cap decides.
 func (b *Backend) PhysicalCap() int { return 0 }
 
+// CanAssign implements backend.Backend: with an assign command.
+func (b *Backend) CanAssign() bool { return len(b.AssignCmd) > 0 }
+
+// Assign implements backend.Backend: the assign command, with the JIT
+// config's file, starts a warm VM's runner.
+func (b *Backend) Assign(ctx context.Context, vm backend.VM) error {
+	if len(b.AssignCmd) == 0 {
+		return backend.ErrNoAssign
+	}
+	return b.run(ctx, "assign", b.AssignCmd, vm)
+}
+
 // Create implements backend.Backend.
 func (b *Backend) Create(ctx context.Context, vm backend.VM) error {
 	return b.run(ctx, "create", b.CreateCmd, vm)
@@ -114,6 +135,7 @@ func (b *Backend) run(ctx context.Context, step string, argv []string, vm backen
 		"BERTH_JOB_ID="+strconv.FormatInt(vm.JobID, 10),
 		"BERTH_JIT_CONFIG_FILE="+vm.JITConfigFile,
 		"BERTH_WORK_DIR="+vm.WorkDir,
+		"BERTH_WARM="+warmFlag(vm.Warm),
 	)
 	var out tail
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -134,6 +156,13 @@ func (b *Backend) run(ctx context.Context, step string, argv []string, vm backen
 		return fmt.Errorf("%s step for %s: %w", step, vm.Attempt, err)
 	}
 	return nil
+}
+
+func warmFlag(w bool) string {
+	if w {
+		return "1"
+	}
+	return ""
 }
 
 // command prepares one step: the agent's environment plus env and the

@@ -325,3 +325,43 @@ func TestCreateThatLeavesAChildHoldingOutputOpenSucceeds(t *testing.T) {
 		t.Fatalf("create exited 0 but was reported failed: %v", err)
 	}
 }
+
+// Given an exec backend with an assign command, then it can keep warm VMs:
+// create for a warm VM runs with BERTH_WARM=1 and no JIT config file, and
+// assign runs the assign command (BERTH_STEP=assign) with the JIT config's
+// file. Without an assign command it cannot, and Assign says so.
+func TestWarmCreateAndAssignFollowTheContract(t *testing.T) {
+	dir := t.TempDir()
+	dump := func(name string) []string {
+		return script(t, dir, name+".sh", `env > "`+filepath.Join(dir, name+".env")+`"`)
+	}
+	b := exec.New(dump("create"), dump("stop"), nil)
+	b.AssignCmd = dump("assign")
+	if !b.CanAssign() {
+		t.Fatal("with an assign command the backend says it cannot assign")
+	}
+	vm := attemptVM(t)
+	jit := vm.JITConfigFile
+	vm.Warm, vm.JITConfigFile = true, ""
+	ctx := context.Background()
+	if err := b.Create(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	env := envFile(t, filepath.Join(dir, "create.env"))
+	if env["BERTH_STEP"] != "create" || env["BERTH_WARM"] != "1" || env["BERTH_JIT_CONFIG_FILE"] != "" {
+		t.Errorf("warm create saw step %q, warm %q, JIT file %q; want create, 1 and none",
+			env["BERTH_STEP"], env["BERTH_WARM"], env["BERTH_JIT_CONFIG_FILE"])
+	}
+	vm.JITConfigFile = jit
+	if err := b.Assign(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	env = envFile(t, filepath.Join(dir, "assign.env"))
+	if env["BERTH_STEP"] != "assign" || env["BERTH_JIT_CONFIG_FILE"] != jit || env["BERTH_ATTEMPT"] != vm.Attempt {
+		t.Errorf("assign saw step %q, JIT file %q, attempt %q", env["BERTH_STEP"], env["BERTH_JIT_CONFIG_FILE"], env["BERTH_ATTEMPT"])
+	}
+	plain := exec.New(dump("create"), dump("stop"), nil)
+	if plain.CanAssign() || !errors.Is(plain.Assign(ctx, vm), backend.ErrNoAssign) {
+		t.Error("without an assign command the backend must say it cannot assign")
+	}
+}

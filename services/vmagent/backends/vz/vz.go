@@ -207,6 +207,13 @@ func (b *Backend) Name() string { return "vz" }
 // PhysicalCap is how many guests this host runs at most.
 func (b *Backend) PhysicalCap() int { return b.cfg.PhysicalCap }
 
+// CanAssign implements backend.Backend: the guest reads its JIT config from
+// the shared folder at boot, so vz hosts keep no warm VMs yet.
+func (b *Backend) CanAssign() bool { return false }
+
+// Assign implements backend.Backend: see CanAssign.
+func (b *Backend) Assign(context.Context, backend.VM) error { return backend.ErrNoAssign }
+
 // Live returns the attempts counted against the physical cap, sorted.
 func (b *Backend) Live() []string {
 	b.mu.Lock()

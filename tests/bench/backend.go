@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/berth-ci/berth/services/vmagent/backend"
 	"github.com/berth-ci/berth/tests/ghsim"
@@ -20,6 +21,11 @@ import (
 // like a macOS VM stop that never came back.
 type InProc struct {
 	Wedge bool
+	// Boot is how long a create takes before the VM runs (a VM's boot);
+	// WarmCapable lets the host keep warm VMs: a warm create boots and
+	// waits, and Assign starts its runner at once.
+	Boot        time.Duration
+	WarmCapable bool
 
 	root    context.Context
 	cancel  context.CancelFunc
@@ -35,6 +41,7 @@ type InProc struct {
 type simVM struct {
 	cancel context.CancelFunc
 	done   chan struct{}
+	warm   bool // booted, waiting for Assign
 }
 
 // NewInProc returns a backend; Close it after the agent has stopped.
@@ -49,14 +56,47 @@ func (b *InProc) Name() string { return "bench-inproc" }
 // PhysicalCap implements backend.Backend: no limit of its own.
 func (b *InProc) PhysicalCap() int { return 0 }
 
-// CanAssign implements backend.Backend: no warm VMs.
-func (b *InProc) CanAssign() bool { return false }
+// CanAssign implements backend.Backend.
+func (b *InProc) CanAssign() bool { return b.WarmCapable }
 
-// Assign implements backend.Backend.
-func (b *InProc) Assign(context.Context, backend.VM) error { return backend.ErrNoAssign }
+// Assign implements backend.Backend: the warm VM's runner starts now.
+func (b *InProc) Assign(ctx context.Context, vm backend.VM) error {
+	if !b.WarmCapable {
+		return backend.ErrNoAssign
+	}
+	b.mu.Lock()
+	if v := b.live[vm.Attempt]; v != nil && v.warm {
+		delete(b.live, vm.Attempt) // the waiting VM becomes the running one
+	}
+	b.mu.Unlock()
+	return b.startRunner(vm)
+}
 
-// Create implements backend.Backend: it starts the runner and returns.
+// Create implements backend.Backend: it boots (Boot), then starts the
+// runner, or for a warm VM only registers it, and returns.
 func (b *InProc) Create(ctx context.Context, vm backend.VM) error {
+	if b.Boot > 0 {
+		select {
+		case <-time.After(b.Boot):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if vm.Warm {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if _, ok := b.live[vm.Attempt]; !ok {
+			done := make(chan struct{})
+			close(done)
+			b.live[vm.Attempt] = &simVM{cancel: func() {}, done: done, warm: true}
+		}
+		return nil
+	}
+	return b.startRunner(vm)
+}
+
+// startRunner runs the simulated runner with the JIT config in vm's file.
+func (b *InProc) startRunner(vm backend.VM) error {
 	raw, err := os.ReadFile(vm.JITConfigFile)
 	if err != nil {
 		return fmt.Errorf("read JIT config: %w", err)

@@ -40,8 +40,12 @@ type FleetOptions struct {
 	// AbandonedCap is the watchdog's abandoned-VM cordon threshold; 0 keeps
 	// the default (2).
 	AbandonedCap int
-	Fixtures     string
-	Logger       *slog.Logger
+	// Warm keeps this many warm VMs in the linux pool; Boot is every VM's
+	// boot time (the in-process backend's create delay).
+	Warm     int
+	Boot     time.Duration
+	Fixtures string
+	Logger   *slog.Logger
 }
 
 // Fleet is a running system: embedded NATS, the GitHub simulator, the
@@ -109,6 +113,9 @@ func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
 		Watchdog: config.Watchdog{Listen: "127.0.0.1:0", AbandonedCap: o.AbandonedCap,
 			ProvisionTimeout: 2 * time.Minute, RegistrationTimeout: 2 * time.Minute},
 	}
+	if o.Warm > 0 {
+		cfg.Dispatcher.WarmPools = map[string]config.WarmPool{"linux": {MinIdle: o.Warm}}
+	}
 	cfg.Defaults()
 	sctx, cancel := context.WithCancel(context.Background())
 	f.cancel = cancel
@@ -133,6 +140,7 @@ func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
 		one := &config.Config{Agents: []config.Agent{ac}}
 		one.Defaults()
 		be := NewInProc(o.WedgeStops)
+		be.Boot, be.WarmCapable = o.Boot, o.Warm > 0
 		f.Backends = append(f.Backends, be)
 		if _, err := run.AgentWith(sctx, f.Sys, cfg, one.Agents[0], be, o.Logger); err != nil {
 			return f, err

@@ -39,6 +39,9 @@ type sizes struct {
 	replayJobs                     int
 	scaleHosts, scaleJobs          int
 	scaleDuration                  time.Duration
+	warmJobs, warmHosts, warmVMs   int
+	warmRate                       float64
+	warmBoot                       time.Duration
 	goBenchTime                    string
 	phaseTimeout, stall, goTimeout time.Duration
 }
@@ -50,6 +53,7 @@ var full = sizes{
 	memWarmup: 300, memJobs: 1500,
 	replayJobs: 20000,
 	scaleHosts: 40, scaleJobs: 600, scaleDuration: 2 * time.Second,
+	warmJobs: 200, warmHosts: 2, warmVMs: 4, warmRate: 10, warmBoot: 2 * time.Second,
 	goBenchTime: "1s", phaseTimeout: 4 * time.Minute, stall: 45 * time.Second, goTimeout: 8 * time.Minute,
 }
 
@@ -60,6 +64,7 @@ var smoke = sizes{
 	memWarmup: 30, memJobs: 60,
 	replayJobs: 1000,
 	scaleHosts: 8, scaleJobs: 60, scaleDuration: 300 * time.Millisecond,
+	warmJobs: 20, warmHosts: 1, warmVMs: 2, warmRate: 20, warmBoot: 500 * time.Millisecond,
 	goBenchTime: "20x", phaseTimeout: 45 * time.Second, stall: 20 * time.Second, goTimeout: 3 * time.Minute,
 }
 
@@ -77,7 +82,7 @@ func main() {
 	flag.BoolVar(&noWrite, "no-write", false, "print the table only; do not append to BENCHMARKS.md")
 	flag.BoolVar(&goBench, "gobench", true, "also run the Go benchmarks (events, dispatch, watchdog) with -benchmem")
 	flag.StringVar(&out, "out", "", "file to append the section to (default BENCHMARKS.md at the repository root)")
-	flag.StringVar(&only, "phases", "throughput,latency,release,memory,replay,scale", "phases to run, comma-separated")
+	flag.StringVar(&only, "phases", "throughput,latency,release,memory,replay,scale,warm", "phases to run, comma-separated")
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the throughput phase here and put its top 15 in the section")
 	flag.StringVar(&heapDir, "heapprofiles", "", "write heap profiles before and after the memory phase's jobs into this directory")
 	flag.StringVar(&logLevel, "log-level", "error", "services' log level (to stderr): debug, info, warn, error")
@@ -99,6 +104,9 @@ func main() {
 	flag.IntVar(&s.scaleHosts, "scale-hosts", s.scaleHosts, "scale: hosts (4 linux + 2 macos slots each)")
 	flag.IntVar(&s.scaleJobs, "scale-jobs", s.scaleJobs, "scale: jobs, all enqueued at once")
 	flag.DurationVar(&s.scaleDuration, "scale-duration", s.scaleDuration, "scale: each job's duration")
+	flag.IntVar(&s.warmJobs, "warm-jobs", s.warmJobs, "time to runner: linux jobs")
+	flag.IntVar(&s.warmVMs, "warm-vms", s.warmVMs, "time to runner: warm VMs kept in the linux pool")
+	flag.DurationVar(&s.warmBoot, "warm-boot", s.warmBoot, "time to runner: every VM's boot time")
 	flag.StringVar(&s.goBenchTime, "gobench-time", s.goBenchTime, "Go benchmarks: -benchtime")
 	flag.DurationVar(&s.phaseTimeout, "phase-timeout", s.phaseTimeout, "deadline of each phase's main wait")
 	flag.DurationVar(&s.stall, "stall", s.stall, "fail a phase when its log does not move for this long")
@@ -158,6 +166,9 @@ func main() {
 		}},
 		{"replay", fmt.Sprintf("replay %d lifecycles", s.replayJobs), func() (bench.Result, error) {
 			return bench.Replay(ctx, env, bench.ReplayOptions{Jobs: s.replayJobs})
+		}},
+		{"warm", fmt.Sprintf("time to runner %d jobs at %.0f/s on %d hosts, %d warm VMs, boot %s", s.warmJobs, s.warmRate, s.warmHosts, s.warmVMs, s.warmBoot), func() (bench.Result, error) {
+			return bench.TimeToRunner(ctx, env, bench.WarmOptions{Jobs: s.warmJobs, Hosts: s.warmHosts, Warm: s.warmVMs, Rate: s.warmRate, Boot: s.warmBoot})
 		}},
 		{"scale", fmt.Sprintf("scale %d jobs of %s on %d hosts", s.scaleJobs, s.scaleDuration, s.scaleHosts), func() (bench.Result, error) {
 			return bench.Scale(ctx, env, bench.ScaleOptions{Hosts: s.scaleHosts, Jobs: s.scaleJobs, Duration: s.scaleDuration})
@@ -253,6 +264,9 @@ func merge(small, given sizes, set map[string]bool) sizes {
 	pick("memory-warmup", &s.memWarmup, given.memWarmup)
 	pick("memory-jobs", &s.memJobs, given.memJobs)
 	pick("replay-jobs", &s.replayJobs, given.replayJobs)
+	pick("warm-jobs", &s.warmJobs, given.warmJobs)
+	pick("warm-vms", &s.warmVMs, given.warmVMs)
+	pick("warm-boot", &s.warmBoot, given.warmBoot)
 	pick("scale-hosts", &s.scaleHosts, given.scaleHosts)
 	pick("scale-jobs", &s.scaleJobs, given.scaleJobs)
 	pick("scale-duration", &s.scaleDuration, given.scaleDuration)

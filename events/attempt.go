@@ -16,14 +16,17 @@ func (a AttemptRef) EventSubject() string { return AttemptSubject(a.Host, a.Atte
 // clear. SealedBy is the dispatcher's curve public key. Emitted by the
 // dispatcher after minting; the agent reacts by creating the VM. Key:
 // attempt + "placed".
+//
+// A warm placement (Warm) has no job, runner or JIT config: those fields
+// are then absent.
 type AttemptPlaced struct {
 	AttemptRef
-	JobID     int64    `json:"job_id"`
+	JobID     int64    `json:"job_id,omitempty"`
 	Labels    []string `json:"labels"`
-	RunnerID  int64    `json:"runner_id"`
-	SealedJIT []byte   `json:"sealed_jit"`
-	SealedBy  string   `json:"sealed_by"`
-	SealedTo  string   `json:"sealed_to"`
+	RunnerID  int64    `json:"runner_id,omitempty"`
+	SealedJIT []byte   `json:"sealed_jit,omitempty"`
+	SealedBy  string   `json:"sealed_by,omitempty"`
+	SealedTo  string   `json:"sealed_to,omitempty"`
 	// Warm places a warm VM: no job, no JIT config; the agent boots it and
 	// reports AttemptReady.
 	Warm bool `json:"warm,omitempty"`

@@ -248,7 +248,7 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 	// the view is O(fleet) and decisions must stay cheap.
 	if now.Sub(d.lastObserve) >= time.Second {
 		d.lastObserve = now
-		d.metrics.observe(d.fleet)
+		d.metrics.observe(d.fleet, d.opts.Params.Warm, now)
 		d.metrics.observeBudget(d.opts.Budget, now)
 	}
 }

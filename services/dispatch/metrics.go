@@ -24,6 +24,8 @@ type Metrics struct {
 	// the runner booked for it started. Both per pool.
 	queueSeconds, onlineSeconds *prometheus.HistogramVec
 	warm                        *prometheus.GaugeVec
+	warmTarget, refillLag       *prometheus.GaugeVec
+	belowSince                  map[string]time.Time // pool → since when it has had fewer idle warm VMs than its target
 }
 
 // latencyBuckets span a warm hit (under a second) to a long wait for a
@@ -62,7 +64,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.warm = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "berth_pool_warm_vms",
 		Help: "Warm VMs per pool by state: warming (booting, no job), idle (booted, waiting for a job), assigned (claimed by a job)."},
 		[]string{"pool", "state"})
-	reg.MustRegister(m.warm)
+	m.warmTarget = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "berth_pool_warm_target",
+		Help: "The pool's warm target now (min_idle, or the open schedule window's)."}, []string{"pool"})
+	m.refillLag = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "berth_pool_warm_refill_lag_seconds",
+		Help: "How long the pool has had fewer idle warm VMs than its target (0: at target)."}, []string{"pool"})
+	m.belowSince = map[string]time.Time{}
+	reg.MustRegister(m.warm, m.warmTarget, m.refillLag)
 	reg.MustRegister(m.apiRemaining, m.apiBlocked, m.conflicts, m.queueSeconds, m.onlineSeconds)
 	for _, reason := range []string{"unknown_type", "malformed", "poison"} {
 		m.skippedTotal.WithLabelValues(reason) // exported at 0 from the start, so rates and alerts see it
@@ -97,9 +104,25 @@ func (m *Metrics) observeBudget(b *Budget, now time.Time) {
 	m.apiBlocked.Set(blocked)
 }
 
-func (m *Metrics) observe(f *events.Fleet) {
+// observe sets the gauges from the fold; warm gives each pool's warm target
+// at now, for the target and refill-lag gauges.
+func (m *Metrics) observe(f *events.Fleet, warm map[string]WarmPool, now time.Time) {
 	st := f.Status()
 	for _, p := range st.Pools {
+		if w, ok := warm[p.Name]; ok {
+			target := w.Target(now)
+			m.warmTarget.WithLabelValues(p.Name).Set(float64(target))
+			lag := 0.0
+			switch since, below := m.belowSince[p.Name]; {
+			case p.WarmIdle >= target:
+				delete(m.belowSince, p.Name)
+			case !below:
+				m.belowSince[p.Name] = now
+			default:
+				lag = now.Sub(since).Seconds()
+			}
+			m.refillLag.WithLabelValues(p.Name).Set(lag)
+		}
 		m.held.WithLabelValues(p.Name).Set(float64(p.Held))
 		m.capacity.WithLabelValues(p.Name).Set(float64(p.Capacity))
 		m.demand.WithLabelValues(p.Name).Set(float64(p.PendingDemand))

@@ -32,6 +32,7 @@ func TestDemoPathServesEveryJobOnceAndLeavesNothing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	o := demoOptions(t, 60)
+	o.Warm = 2 // as make demo runs it: warm linux VMs beside cold starts
 	f, err := harness.Start(ctx, o)
 	if err != nil {
 		t.Fatal(err)

@@ -338,9 +338,17 @@ func leastAdvanced(as []*events.Attempt, n int) []*events.Attempt {
 	return out[:n]
 }
 
+// sortedAttempts lists, in id order, the attempts Decide may still act on.
 func sortedAttempts(f *events.Fleet) []*events.Attempt {
 	out := make([]*events.Attempt, 0, len(f.Attempts))
 	for _, a := range f.Attempts {
+		// Done with for good: no slot, no VM, and no registration to clean
+		// up. The fold keeps such attempts for the retention (72 h), and
+		// sorting them on every batch made Decide's cost grow with history
+		// rather than with the live fleet.
+		if a.Terminal() && (a.Deregistered || a.RunnerID == 0 || f.BoundJob(a.ID) != 0) {
+			continue
+		}
 		out = append(out, a)
 	}
 	sort.Slice(out, func(i, k int) bool { return out[i].ID < out[k].ID })

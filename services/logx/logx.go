@@ -69,7 +69,7 @@ var secretValue = regexp.MustCompile(`gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Z
 
 // Redact is a slog ReplaceAttr: it blanks the value of an attribute whose
 // key names a secret (token, secret, jit, seed, creds…), and cuts secrets
-// out of every other string or error value.
+// out of every other string or error value. Durations print as "1m30s".
 func Redact(_ []string, a slog.Attr) slog.Attr {
 	if a.Key == slog.MessageKey || a.Key == slog.LevelKey || a.Key == slog.TimeKey || a.Key == slog.SourceKey {
 		if a.Key == slog.MessageKey {
@@ -84,6 +84,8 @@ func Redact(_ []string, a slog.Attr) slog.Attr {
 		return slog.String(a.Key, Redacted)
 	}
 	switch a.Value.Kind() {
+	case slog.KindDuration: // "1m30s", not nanoseconds, in JSON too
+		a.Value = slog.StringValue(a.Value.Duration().String())
 	case slog.KindString:
 		a.Value = slog.StringValue(Scrub(a.Value.String()))
 	case slog.KindAny:

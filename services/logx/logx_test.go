@@ -7,6 +7,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berth-ci/berth/services/logx"
 	"github.com/nats-io/nkeys"
@@ -74,7 +75,10 @@ func TestFormats(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		log.Info("hello", "k", "v")
+		log.Info("hello", "k", "v", "timeout", 90*time.Second)
+		if !strings.Contains(out.String(), "1m30s") {
+			t.Errorf("format %s: %q, want the duration as 1m30s", format, out.String())
+		}
 		if got := strings.HasPrefix(out.String(), "{"); got != wantJSON {
 			t.Errorf("format %s: %q, want JSON %v", format, out.String(), wantJSON)
 		}

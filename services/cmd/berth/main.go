@@ -86,7 +86,7 @@ func root() *cobra.Command {
 	cmd.PersistentFlags().StringVar(&natsURL, "nats", def, "NATS server URL (env BERTH_NATS_URL)")
 	cmd.PersistentFlags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.PersistentFlags().StringVar(&natsNKey, "nats-nkey", os.Getenv("BERTH_NATS_NKEY"),
-		"nkey seed file to connect to NATS with, e.g. cli.nk from `berth nats-auth` (env BERTH_NATS_NKEY; BERTH_NATS_CREDS for a creds file)")
+		"nkey seed file to connect to NATS with, e.g. cli.nk from berth nats-auth (env BERTH_NATS_NKEY; BERTH_NATS_CREDS for a creds file)")
 	format := os.Getenv("BERTH_LOG_FORMAT")
 	if format == "" {
 		format = logx.FormatAuto

@@ -100,8 +100,13 @@ func Decide(f *events.Fleet, now time.Time, heartbeats map[string]time.Time, p P
 		plan.abandonedCap(h, now, p.AbandonedCap)
 	}
 	ids := make([]string, 0, len(f.Attempts))
-	for id := range f.Attempts {
-		ids = append(ids, id)
+	for id, a := range f.Attempts {
+		// A terminal attempt (no slot, no VM) has no deadline left: the
+		// fold keeps it for the retention, and sorting it on every batch
+		// made Decide's cost grow with history.
+		if !a.Terminal() {
+			ids = append(ids, id)
+		}
 	}
 	sort.Strings(ids)
 	leaks := map[string][]*events.Attempt{}

@@ -19,6 +19,9 @@ type WarmPool struct {
 	// Schedule raises or lowers min_idle while a window is open; the first
 	// open window wins.
 	Schedule []WarmWindow `yaml:"schedule"`
+	// Hosts keeps at least this many of the pool's warm VMs on each named
+	// host (they count toward min_idle).
+	Hosts map[string]int `yaml:"hosts"`
 }
 
 // WarmWindow: on Days ("mon-fri", "sat,sun"; empty: every day) from From to
@@ -73,6 +76,11 @@ func (c *Config) validateWarm(bad func(string, ...any)) {
 		at := "dispatcher.warm_pools." + pool
 		if w.MinIdle < 0 || w.MaxIdleAge < 0 {
 			bad("%s: min_idle and max_idle_age must not be negative", at)
+		}
+		for h, n := range w.Hosts {
+			if n < 0 {
+				bad("%s.hosts.%s: %d must not be negative", at, h, n)
+			}
 		}
 		if w.TimeZone != "" {
 			if _, err := time.LoadLocation(w.TimeZone); err != nil {

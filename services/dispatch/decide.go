@@ -296,12 +296,13 @@ func hostWithdrawn(f *events.Fleet, a *events.Attempt) string {
 
 // pickHost returns the accepting host with the most free slots in pool and
 // physical room, or "". Ties go to the name that sorts first. warm asks for
-// a host whose backend can keep warm VMs.
-func pickHost(f *events.Fleet, pool string, booked map[string]int, heldNow map[[2]string]int, warm bool) string {
+// a host whose backend can keep warm VMs; only, when set, considers that
+// host alone.
+func pickHost(f *events.Fleet, pool string, booked map[string]int, heldNow map[[2]string]int, warm bool, only ...string) string {
 	best, bestFree := "", 0
 	for name, h := range f.Hosts {
 		ps, ok := h.Pools[pool]
-		if !ok || !h.Accepts() || h.CurveKey == "" || (warm && !h.Assign) {
+		if !ok || !h.Accepts() || h.CurveKey == "" || (warm && !h.Assign) || (len(only) > 0 && name != only[0]) {
 			continue
 		}
 		free := ps.Slots - h.Held[pool] - heldNow[[2]string{name, pool}]

@@ -23,6 +23,10 @@ type WarmPool struct {
 	Schedule []WarmWindow
 	// Location is the time zone the windows are read in; nil means UTC.
 	Location *time.Location
+	// Hosts keeps at least this many of the pool's warm VMs on each named
+	// host (a macOS host whose 2 guests should not both be booked by
+	// neighbours' jobs, say); the pool's target still counts them.
+	Hosts map[string]int
 }
 
 // WarmWindow is open on Days (none: every day) from From to To, minutes
@@ -117,6 +121,10 @@ func (plan *Plan) refill(f *events.Fleet, p Params, pool string, labels []string
 		}
 		keep = append(keep, a)
 	}
+	onHost := map[string]int{}
+	for _, a := range keep {
+		onHost[a.Host]++
+	}
 	if surplus := len(keep) - target; surplus > 0 {
 		sort.SliceStable(keep, func(i, k int) bool {
 			if !keep[i].ReservedAt.Equal(keep[k].ReservedAt) {
@@ -124,7 +132,15 @@ func (plan *Plan) refill(f *events.Fleet, p Params, pool string, labels []string
 			}
 			return keep[i].ID < keep[k].ID
 		})
-		for _, a := range keep[:surplus] {
+		for _, a := range keep {
+			if surplus == 0 {
+				break
+			}
+			if onHost[a.Host] <= w.Hosts[a.Host] {
+				continue // its host's own floor keeps it
+			}
+			onHost[a.Host]--
+			surplus--
 			plan.Release = append(plan.Release, release(a, events.ReleaseWarmSurplus))
 		}
 		return
@@ -133,15 +149,31 @@ func (plan *Plan) refill(f *events.Fleet, p Params, pool string, labels []string
 	if lp := f.Pools[pool]; lp != nil {
 		n = lp.WarmMinted
 	}
-	for range target - len(keep) {
+	book := func(host string) {
+		booked[host]++
+		heldNow[[2]string{host, pool}]++
+		onHost[host]++
+		n++
+		plan.Reserve = append(plan.Reserve, events.SlotReserved{Pool: pool, Host: host, Attempt: events.WarmAttemptID(pool, n),
+			N: n, Labels: labels, Warm: true})
+	}
+	have := len(keep)
+	hosts := make([]string, 0, len(w.Hosts))
+	for h := range w.Hosts {
+		hosts = append(hosts, h)
+	}
+	sort.Strings(hosts)
+	for _, h := range hosts { // each named host's floor first, on that host
+		for onHost[h] < w.Hosts[h] && pickHost(f, pool, booked, heldNow, true, h) != "" {
+			book(h)
+			have++
+		}
+	}
+	for ; have < target; have++ {
 		host := pickHost(f, pool, booked, heldNow, true)
 		if host == "" {
 			return // no room: the pool refills when capacity comes back
 		}
-		booked[host]++
-		heldNow[[2]string{host, pool}]++
-		n++
-		plan.Reserve = append(plan.Reserve, events.SlotReserved{Pool: pool, Host: host, Attempt: events.WarmAttemptID(pool, n),
-			N: n, Labels: labels, Warm: true})
+		book(host)
 	}
 }

@@ -359,3 +359,25 @@ func TestAWedgedWarmBootDoesNotPinItsSlot(t *testing.T) {
 		t.Fatalf("idle %v; want a fresh warm VM in the wedged one's place", got)
 	}
 }
+
+// Given a pool target of 2 with a floor of 1 on h-b, on two hosts of which
+// h-a has more free slots (so the pool-wide refill prefers it), then one of
+// the 2 warm VMs is on h-b; and when the target falls to 0 the floor keeps
+// h-b's VM while the other is released.
+func TestAPerHostFloorKeepsWarmVMsOnThatHost(t *testing.T) {
+	w := warmGiven(t, dispatch.WarmPool{MinIdle: 2, Hosts: map[string]int{"h-b": 1}}, host("h-a", 8, 8), host("h-b", 2, 2))
+	w.react()
+	on := map[string]int{}
+	for _, id := range w.idle() {
+		on[w.f.Attempts[id].Host]++
+	}
+	if len(w.idle()) != 2 || on["h-b"] != 1 {
+		t.Fatalf("idle warm VMs per host %v, want 2 in all with 1 on h-b", on)
+	}
+	w.p.Warm = map[string]dispatch.WarmPool{"linux": {MinIdle: 0, Hosts: map[string]int{"h-b": 1}}}
+	w.react()
+	left := w.idle()
+	if len(left) != 1 || w.f.Attempts[left[0]].Host != "h-b" {
+		t.Fatalf("after the target fell to 0: idle %v; want only h-b's, kept by its floor", left)
+	}
+}

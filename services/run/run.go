@@ -575,7 +575,7 @@ func warmPools(in map[string]config.WarmPool) map[string]dispatch.WarmPool {
 	}
 	out := map[string]dispatch.WarmPool{}
 	for pool, w := range in {
-		wp := dispatch.WarmPool{MinIdle: w.MinIdle, MaxIdleAge: w.MaxIdleAge}
+		wp := dispatch.WarmPool{MinIdle: w.MinIdle, MaxIdleAge: w.MaxIdleAge, Hosts: w.Hosts}
 		if w.TimeZone != "" {
 			wp.Location, _ = time.LoadLocation(w.TimeZone) // validated with the config
 		}

@@ -57,16 +57,17 @@ type Loop struct {
 	// acks (services); nil reads with an ordered consumer (tools, tests).
 	Consumer *Consumer
 
-	follower  atomic.Pointer[follower]
-	panics    atomic.Uint64
-	truncated atomic.Pointer[string]
-	parked    atomic.Uint64
-	inbox     chan func()
-	once      sync.Once
-	caughtUp  atomic.Bool
-	target    atomic.Uint64 // the newest matching fact when the loop started (or at the last tick before it caught up)
-	lastSeq   atomic.Uint64
-	progress  atomic.Int64 // unix nanos of the loop's last turn
+	follower    atomic.Pointer[follower]
+	panics      atomic.Uint64
+	truncated   atomic.Pointer[string]
+	parked      atomic.Uint64
+	inbox       chan func()
+	once        sync.Once
+	caughtUp    atomic.Bool
+	target      atomic.Uint64 // the newest matching fact when the loop started (or at the last look before it caught up)
+	targetKnown atomic.Bool   // target was read at least once
+	lastSeq     atomic.Uint64
+	progress    atomic.Int64 // unix nanos of the loop's last turn
 }
 
 func (l *Loop) init() { l.once.Do(func() { l.inbox = make(chan func(), 1024) }) }
@@ -132,10 +133,14 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 	// delivers nothing for a while.
 	if target, err := l.filteredLast(ctx); err == nil {
 		l.target.Store(target)
+		l.targetKnown.Store(true)
 		if target <= snap.seq {
 			l.caughtUp.Store(true)
 			r.Decide(ctx) // nothing will arrive to trigger it before the first tick
 		}
+	}
+	if !l.caughtUp.Load() {
+		go l.refreshTarget(ctx, tick)
 	}
 	var batch []Delivered // applied, not yet acked
 	for {
@@ -155,15 +160,8 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 			decide = true
 		case <-t.C:
 			decide = true
-			if !l.caughtUp.Load() {
-				// Asked again each tick: the start's read may have failed,
-				// and facts up to the target may have expired since.
-				if target, err := l.filteredLast(ctx); err == nil {
-					l.target.Store(target)
-					if target <= max(snap.seq, l.lastSeq.Load()) {
-						l.caughtUp.Store(true)
-					}
-				}
+			if !l.caughtUp.Load() && l.targetKnown.Load() && l.target.Load() <= max(snap.seq, l.lastSeq.Load()) {
+				l.caughtUp.Store(true)
 			}
 			l.save(ctx, snap)
 		case d := <-ch:
@@ -218,6 +216,26 @@ func (l *Loop) apply(ctx context.Context, r Reactor, d Delivered, batch []Delive
 		l.caughtUp.Store(true)
 	}
 	return batch
+}
+
+// refreshTarget asks for the target again every tick until the loop is
+// caught up, off the loop (a slow server must not hold the fold): the
+// start's read may have failed, and facts up to the target may have
+// expired since.
+func (l *Loop) refreshTarget(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for !l.caughtUp.Load() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if target, err := l.filteredLast(ctx); err == nil {
+			l.target.Store(target)
+			l.targetKnown.Store(true)
+		}
+	}
 }
 
 // filteredLast returns the sequence of the newest fact the loop's filters

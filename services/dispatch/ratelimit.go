@@ -54,8 +54,9 @@ func (b *Budget) Observe(resp *http.Response, err error, now time.Time) {
 	if v, err := strconv.Atoi(h.Get("X-RateLimit-Limit")); err == nil {
 		b.limit = v
 	}
+	resetGiven := false
 	if v, err := strconv.ParseInt(h.Get("X-RateLimit-Reset"), 10, 64); err == nil {
-		b.reset = time.Unix(v, 0)
+		b.reset, resetGiven = time.Unix(v, 0), true
 	}
 	if resp.StatusCode != http.StatusForbidden && resp.StatusCode != http.StatusTooManyRequests {
 		return
@@ -69,7 +70,10 @@ func (b *Budget) Observe(resp *http.Response, err error, now time.Time) {
 	switch ra, raErr := strconv.Atoi(h.Get("Retry-After")); {
 	case raErr == nil:
 		wait = now.Add(time.Duration(ra) * time.Second)
-	case h.Get("X-RateLimit-Remaining") == "0" && b.reset.After(now):
+	case h.Get("X-RateLimit-Remaining") == "0" && resetGiven:
+		// The primary limit lifts at the reset GitHub gives, even when the
+		// answer is read after it (a loaded host): then no wait at all,
+		// not the secondary limit's minute.
 		wait = b.reset
 	}
 	if wait.After(b.until) {

@@ -119,6 +119,12 @@ func TestRateLimitAnswersHoldCallsBackAsGitHubAsks(t *testing.T) {
 	if rem, _, _, _, _ := b.State(); rem != 0 {
 		t.Errorf("remaining %d, want 0", rem)
 	}
+	// Read after its reset (a loaded host is slow to look): the limit has
+	// lifted, so nothing waits; it is no secondary limit of a minute.
+	primary.header.Set("X-RateLimit-Reset", strconv.FormatInt(now.Add(-time.Second).Unix(), 10))
+	if blocked, until := mintAgainst(t, primary).Blocked(time.Now()); blocked {
+		t.Errorf("primary limit read after its reset: blocked until %v, want not blocked", until)
+	}
 }
 
 // A 403 that is not about rate (missing permission) blocks nothing.

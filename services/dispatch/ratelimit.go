@@ -67,7 +67,16 @@ func (b *Budget) Observe(resp *http.Response, err error, now time.Time) {
 		return // a 403 for permissions, not for rate
 	}
 	wait := now.Add(secondaryWait)
+	var primary *github.RateLimitError
+	var abuse *github.AbuseRateLimitError
 	switch ra, raErr := strconv.Atoi(h.Get("Retry-After")); {
+	case errors.As(err, &primary) && !primary.Rate.Reset.Time.IsZero():
+		// go-github refuses a call itself while the limit it last saw
+		// holds, with a made-up 403 that carries no headers: its Rate is
+		// the limit's own reset, not a secondary limit's minute.
+		wait = primary.Rate.Reset.Time
+	case errors.As(err, &abuse) && abuse.RetryAfter != nil:
+		wait = now.Add(*abuse.RetryAfter) // typed, or go-github's own refusal
 	case raErr == nil:
 		wait = now.Add(time.Duration(ra) * time.Second)
 	case h.Get("X-RateLimit-Remaining") == "0" && resetGiven:

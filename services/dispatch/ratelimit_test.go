@@ -176,3 +176,56 @@ func TestRateLimitedRecognisesTheThreeShapes(t *testing.T) {
 		}
 	}
 }
+
+// Given a limit GitHub answered once, go-github refuses the next calls
+// itself with a made-up 403 that has no headers (v62's
+// checkRateLimitBeforeDo and checkSecondaryRateLimitBeforeDo); such a
+// refusal holds calls back only until the limit GitHub gave lifts, not for
+// a secondary limit's minute. (A reconcile call refused that way during a
+// 3-second primary limit once held every mint back for a minute.)
+func TestGoGitHubsOwnRefusalKeepsTheLimitGitHubGave(t *testing.T) {
+	now := time.Now()
+	primary := loadRecorded(t, "error.403.primary-rate-limit.go-github-test.json", now)
+	reset := now.Add(10 * time.Second).Truncate(time.Second)
+	primary.header.Set("X-RateLimit-Reset", strconv.FormatInt(reset.Unix(), 10))
+	for name, r := range map[string]recorded{
+		"primary 403":          primary,
+		// Typed by go-github (documentation_url), which then keeps it.
+		"secondary 403 with Retry-After": {status: 403, header: http.Header{"Retry-After": {"8"}},
+			body: `{"message":"You have exceeded a secondary rate limit.","documentation_url":"https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits"}`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			calls := 0
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				calls++
+				for k, v := range r.header {
+					w.Header()[k] = v
+				}
+				w.WriteHeader(r.status)
+				w.Write([]byte(r.body))
+			}))
+			defer srv.Close()
+			gh, err := dispatch.NewGitHubClient(srv.URL, "t", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := &dispatch.Budget{}
+			m := &dispatch.GitHubMinter{Client: gh, Scope: "org", Org: "example-org", Budget: b}
+			req := dispatch.MintRequest{RunnerName: "berth-1-1", Labels: []string{"self-hosted"}}
+			if _, _, err := m.Mint(t.Context(), req); err == nil {
+				t.Fatal("a rate-limited answer minted")
+			}
+			_, given := b.Blocked(time.Now())
+			if _, _, err := m.Mint(t.Context(), req); err == nil {
+				t.Fatal("minted while go-github holds the limit")
+			}
+			if calls != 1 {
+				t.Fatalf("%d calls reached GitHub, want 1 (the second refused by go-github itself)", calls)
+			}
+			_, until := b.Blocked(time.Now())
+			if d := until.Sub(given); d > time.Second || d < -time.Second {
+				t.Errorf("after go-github's own refusal calls wait until %v, want the %v GitHub gave", until.Format(time.RFC3339), given.Format(time.RFC3339))
+			}
+		})
+	}
+}

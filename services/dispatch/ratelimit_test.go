@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,22 +67,31 @@ func loadRecorded(t *testing.T, name string, now time.Time) recorded {
 	return r
 }
 
-func mintAgainst(t *testing.T, r recorded) *dispatch.Budget {
+// serve answers every call with r and counts the calls that reached it.
+func serve(t *testing.T, r recorded) (*dispatch.GitHubMinter, *atomic.Int32) {
 	t.Helper()
+	calls := new(atomic.Int32)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		calls.Add(1)
 		for k, v := range r.header {
 			w.Header()[k] = v
 		}
 		w.WriteHeader(r.status)
 		w.Write([]byte(r.body))
 	}))
-	defer srv.Close()
+	t.Cleanup(srv.Close)
 	gh, err := dispatch.NewGitHubClient(srv.URL, "t", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return &dispatch.GitHubMinter{Client: gh, Scope: "org", Org: "example-org"}, calls
+}
+
+func mintAgainst(t *testing.T, r recorded) *dispatch.Budget {
+	t.Helper()
+	m, _ := serve(t, r)
 	b := &dispatch.Budget{}
-	m := &dispatch.GitHubMinter{Client: gh, Scope: "org", Org: "example-org", Budget: b}
+	m.Budget = b
 	if _, _, err := m.Mint(t.Context(), dispatch.MintRequest{RunnerName: "berth-1-1", Labels: []string{"self-hosted"}}); err == nil {
 		t.Fatal("a rate-limited answer minted")
 	}
@@ -143,20 +153,8 @@ func TestRateLimitedRecognisesTheThreeShapes(t *testing.T) {
 	now := time.Now()
 	mintErr := func(r recorded) error {
 		t.Helper()
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			for k, v := range r.header {
-				w.Header()[k] = v
-			}
-			w.WriteHeader(r.status)
-			w.Write([]byte(r.body))
-		}))
-		defer srv.Close()
-		gh, err := dispatch.NewGitHubClient(srv.URL, "t", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := &dispatch.GitHubMinter{Client: gh, Scope: "org", Org: "example-org"}
-		_, _, err = m.Mint(t.Context(), dispatch.MintRequest{RunnerName: "berth-1-1", Labels: []string{"self-hosted"}})
+		m, _ := serve(t, r)
+		_, _, err := m.Mint(t.Context(), dispatch.MintRequest{RunnerName: "berth-1-1", Labels: []string{"self-hosted"}})
 		return err
 	}
 	primary := loadRecorded(t, "error.403.primary-rate-limit.go-github-test.json", now)
@@ -189,28 +187,15 @@ func TestGoGitHubsOwnRefusalKeepsTheLimitGitHubGave(t *testing.T) {
 	reset := now.Add(10 * time.Second).Truncate(time.Second)
 	primary.header.Set("X-RateLimit-Reset", strconv.FormatInt(reset.Unix(), 10))
 	for name, r := range map[string]recorded{
-		"primary 403":          primary,
+		"primary 403": primary,
 		// Typed by go-github (documentation_url), which then keeps it.
 		"secondary 403 with Retry-After": {status: 403, header: http.Header{"Retry-After": {"8"}},
 			body: `{"message":"You have exceeded a secondary rate limit.","documentation_url":"https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits"}`},
 	} {
 		t.Run(name, func(t *testing.T) {
-			calls := 0
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-				calls++
-				for k, v := range r.header {
-					w.Header()[k] = v
-				}
-				w.WriteHeader(r.status)
-				w.Write([]byte(r.body))
-			}))
-			defer srv.Close()
-			gh, err := dispatch.NewGitHubClient(srv.URL, "t", nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			m, calls := serve(t, r)
 			b := &dispatch.Budget{}
-			m := &dispatch.GitHubMinter{Client: gh, Scope: "org", Org: "example-org", Budget: b}
+			m.Budget = b
 			req := dispatch.MintRequest{RunnerName: "berth-1-1", Labels: []string{"self-hosted"}}
 			if _, _, err := m.Mint(t.Context(), req); err == nil {
 				t.Fatal("a rate-limited answer minted")
@@ -219,8 +204,8 @@ func TestGoGitHubsOwnRefusalKeepsTheLimitGitHubGave(t *testing.T) {
 			if _, _, err := m.Mint(t.Context(), req); err == nil {
 				t.Fatal("minted while go-github holds the limit")
 			}
-			if calls != 1 {
-				t.Fatalf("%d calls reached GitHub, want 1 (the second refused by go-github itself)", calls)
+			if n := calls.Load(); n != 1 {
+				t.Fatalf("%d calls reached GitHub, want 1 (the second refused by go-github itself)", n)
 			}
 			_, until := b.Blocked(time.Now())
 			if d := until.Sub(given); d > time.Second || d < -time.Second {

@@ -203,6 +203,7 @@ func (f *Fleet) jobFact(r JobRef, st JobStatus, at time.Time, runner, conclusion
 		j.Runner = runner
 		if owner, taken := f.byRunner[runner]; !taken {
 			f.byRunner[runner] = j.ID
+			f.markAttempt(runner) // bound now: no registration left to clean up
 		} else if owner != j.ID {
 			j.Conflict = runner // the first binding stands (BL-17)
 		}
@@ -260,6 +261,7 @@ func (f *Fleet) Compact(now time.Time, retention time.Duration) (jobs, attempts 
 	for id, a := range f.Attempts {
 		if a.Terminal() && a.LastAt.Before(cut) {
 			delete(f.Attempts, id)
+			f.markAttempt(id)
 			attempts++
 		}
 	}
@@ -279,8 +281,10 @@ func (f *Fleet) Compact(now time.Time, retention time.Duration) (jobs, attempts 
 		if (done || orphan || (j.Unschedulable && j.QueuedAt.Before(cut))) && !busy[id] {
 			if j.Runner != "" && f.byRunner[j.Runner] == id {
 				delete(f.byRunner, j.Runner)
+				f.markAttempt(j.Runner)
 			}
 			delete(f.Jobs, id)
+			f.markJob(id)
 			jobs++
 		}
 	}

@@ -119,6 +119,7 @@ func (a *Attempt) contribution() contribution {
 
 // attempt returns the attempt record, filling in identity fields from ref.
 func (f *Fleet) attempt(id, pool, host string) *Attempt {
+	f.markAttempt(id)
 	a, ok := f.Attempts[id]
 	if !ok {
 		a = &Attempt{ID: id}

@@ -127,6 +127,7 @@ type Fleet struct {
 	Applied int
 
 	byRunner map[string]int64 // runner name → job it took
+	live     live             // what deciders still act on (live.go)
 }
 
 // NewFleet returns an empty projection.
@@ -164,6 +165,7 @@ func (s stamp) after(o stamp) bool {
 }
 
 func (f *Fleet) job(id int64) *Job {
+	f.markJob(id)
 	j, ok := f.Jobs[id]
 	if !ok {
 		j = &Job{ID: id}

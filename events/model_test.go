@@ -33,6 +33,7 @@ type mAttempt struct {
 	took                               int64 // job its runner took
 	placed, prov, started, failed      bool
 	released, teardown, stopped, aband bool
+	deregistered                       bool // its runner registration deleted
 }
 
 func (a *mAttempt) held() bool   { return !a.released }
@@ -161,7 +162,7 @@ func (m *model) actions() (common, rare, noise []func()) {
 		case a.held() && !a.placed:
 			add(func() {
 				a.placed = true
-				m.next(&events.AttemptPlaced{AttemptRef: r, JobID: a.job, Labels: poolLabels[r.Pool]})
+				m.next(&events.AttemptPlaced{AttemptRef: r, JobID: a.job, Labels: poolLabels[r.Pool], RunnerID: int64(len(m.hist) + 1)})
 			})
 			addRare(func() { m.releaseFact(a, events.ReleaseMintFailed) })
 		case a.held() && a.placed && !a.prov:
@@ -195,6 +196,10 @@ func (m *model) actions() (common, rare, noise []func()) {
 			addRare(func() { a.aband = true; m.next(&events.AttemptAbandoned{AttemptRef: r, Step: "stop"}) })
 		case !a.held() && a.teardown && !a.stopped && a.aband:
 			add(func() { a.stopped = true; m.next(&events.AttemptStopped{AttemptRef: r, Late: true}) })
+		}
+		if !a.held() && a.placed && a.took == 0 && !a.deregistered {
+			// The dispatcher deletes a released runner's unused registration.
+			addRare(func() { a.deregistered = true; m.next(&events.AttemptDeregistered{AttemptRef: r}) })
 		}
 	}
 	// Operator and watchdog facts are keyed by their own time (At), which is

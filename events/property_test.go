@@ -132,3 +132,52 @@ func TestPropertyCountersEqualRecountInAnyOrder(t *testing.T) {
 		}
 	})
 }
+
+// Given any history, applied in any order with redeliveries and read or
+// compacted at any point, the live index (what the deciders walk) holds
+// exactly the jobs and attempts a full scan of the fold finds open.
+func TestPropertyLiveIndexEqualsAFullScan(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		f := events.NewFleet()
+		var last time.Time
+		for i, e := range shuffledWithDuplicates(t, genHistory(t)) {
+			f.Apply(e)
+			if e.Time.After(last) {
+				last = e.Time
+			}
+			switch rapid.IntRange(0, 9).Draw(t, "then") {
+			case 0:
+				requireIndexed(t, f, i+1)
+			case 1:
+				f.Compact(last, time.Duration(rapid.IntRange(0, 120).Draw(t, "retention s"))*time.Second)
+			}
+		}
+		f.Compact(last.Add(time.Hour), time.Minute)
+		requireIndexed(t, f, -1)
+	})
+}
+
+func requireIndexed(t *rapid.T, f *events.Fleet, after int) {
+	wantJobs, wantAttempts := map[int64]bool{}, map[string]bool{}
+	for id, j := range f.Jobs {
+		if j.Demand() || (j.Conflict != "" && !j.ConflictRecorded && j.Status == events.StatusInProgress) {
+			wantJobs[id] = true
+		}
+	}
+	for id, a := range f.Attempts {
+		if !a.Terminal() || (a.RunnerID != 0 && !a.Deregistered && f.BoundJob(id) == 0) {
+			wantAttempts[id] = true
+		}
+	}
+	gotJobs, gotAttempts := map[int64]bool{}, map[string]bool{}
+	for j := range f.OpenJobs() {
+		gotJobs[j.ID] = true
+	}
+	for a := range f.LiveAttempts() {
+		gotAttempts[a.ID] = true
+	}
+	if !reflect.DeepEqual(gotJobs, wantJobs) || !reflect.DeepEqual(gotAttempts, wantAttempts) {
+		t.Fatalf("after %d events: index holds jobs %v and attempts %v, a full scan finds %v and %v",
+			after, gotJobs, gotAttempts, wantJobs, wantAttempts)
+	}
+}

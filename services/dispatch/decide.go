@@ -101,7 +101,7 @@ func Decide(f *events.Fleet, p Params) Plan {
 	labels := f.PoolLabels()
 	match := events.NewMatcher(labels)
 	demand := map[string][]*events.Job{}
-	for _, j := range f.Jobs {
+	for j := range f.OpenJobs() {
 		if j.Conflict != "" && !j.ConflictRecorded && j.Status == events.StatusInProgress {
 			plan.Conflicts = append(plan.Conflicts, events.JobConflict{JobID: j.ID, Runner: j.Conflict, BoundJob: f.BoundJob(j.Conflict)})
 		}
@@ -339,17 +339,13 @@ func leastAdvanced(as []*events.Attempt, n int) []*events.Attempt {
 	return out[:n]
 }
 
-// sortedAttempts lists, in id order, the attempts Decide may still act on.
+// sortedAttempts lists, in id order, the attempts Decide may still act on:
+// the fold's live index, so the cost follows the live fleet, not the
+// terminal attempts the fold keeps for the retention (72 h).
 func sortedAttempts(f *events.Fleet) []*events.Attempt {
-	out := make([]*events.Attempt, 0, len(f.Attempts))
-	for _, a := range f.Attempts {
-		// Done with for good: no slot, no VM, and no registration to clean
-		// up. The fold keeps such attempts for the retention (72 h), and
-		// sorting them on every batch made Decide's cost grow with history
-		// rather than with the live fleet.
-		if a.Terminal() && (a.Deregistered || a.RunnerID == 0 || f.BoundJob(a.ID) != 0) {
-			continue
-		}
+	_, n := f.LiveCounts()
+	out := make([]*events.Attempt, 0, n)
+	for a := range f.LiveAttempts() {
 		out = append(out, a)
 	}
 	sort.Slice(out, func(i, k int) bool { return out[i].ID < out[k].ID })

@@ -99,19 +99,18 @@ func Decide(f *events.Fleet, now time.Time, heartbeats map[string]time.Time, p P
 		}
 		plan.abandonedCap(h, now, p.AbandonedCap)
 	}
-	ids := make([]string, 0, len(f.Attempts))
-	for id, a := range f.Attempts {
-		// A terminal attempt (no slot, no VM) has no deadline left: the
-		// fold keeps it for the retention, and sorting it on every batch
-		// made Decide's cost grow with history.
+	// The live index: a terminal attempt (no slot, no VM) has no deadline
+	// left, and walking the ones the fold keeps for the retention made
+	// Decide's cost grow with history.
+	var live []*events.Attempt
+	for a := range f.LiveAttempts() {
 		if !a.Terminal() {
-			ids = append(ids, id)
+			live = append(live, a)
 		}
 	}
-	sort.Strings(ids)
+	sort.Slice(live, func(i, k int) bool { return live[i].ID < live[k].ID })
 	leaks := map[string][]*events.Attempt{}
-	for _, id := range ids {
-		a := f.Attempts[id]
+	for _, a := range live {
 		ref := events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}
 		bound := f.BoundJob(a.ID)
 		switch {
@@ -243,12 +242,12 @@ func waiting(f *events.Fleet, now time.Time, p Params) []events.DemandWaiting {
 	}
 	per := map[string]*agg{}
 	unbound := map[string]int{}
-	for _, a := range f.Attempts {
+	for a := range f.LiveAttempts() {
 		if a.Held() && f.BoundJob(a.ID) == 0 {
 			unbound[a.Pool]++
 		}
 	}
-	for _, j := range f.Jobs {
+	for j := range f.OpenJobs() {
 		if !j.Demand() || now.Sub(j.QueuedAt) < p.DemandWaitingAfter {
 			continue
 		}

@@ -1,0 +1,105 @@
+package events
+
+import (
+	"iter"
+	"maps"
+)
+
+// live indexes the records a decider may still act on, so that the
+// dispatcher's and the watchdog's every round walks the live fleet, not the
+// history the fold keeps for the retention (72 h by default: at 2,000 jobs a
+// minute that is millions of terminal records). It is built from a full scan
+// on first use and kept by Apply and Compact from then on: each marks the
+// records it touched, and the next read re-judges just those. A fold no
+// decider reads (an agent's, the CLI's) never builds it and pays nothing.
+type live struct {
+	built         bool
+	jobs          map[int64]*Job
+	attempts      map[string]*Attempt
+	dirtyJobs     map[int64]struct{}
+	dirtyAttempts map[string]struct{}
+}
+
+// open reports whether a decider may still act on the job: it is demand,
+// or GitHub reported it on a runner bound to another job and no fact has
+// recorded that yet (BL-17).
+func (j *Job) open() bool {
+	return j.Demand() || (j.Conflict != "" && !j.ConflictRecorded && j.Status == StatusInProgress)
+}
+
+// actionable reports whether a decider may still act on the attempt: it
+// holds a slot or a VM, or it is done but its runner registration, never
+// used by a job, is still to be deleted.
+func (f *Fleet) actionable(a *Attempt) bool {
+	return !a.Terminal() || (a.RunnerID != 0 && !a.Deregistered && f.byRunner[a.ID] == 0)
+}
+
+// OpenJobs yields, in no order, every job a decider may act on: demand, or
+// a conflict not yet recorded. The jobs must not be modified.
+func (f *Fleet) OpenJobs() iter.Seq[*Job] {
+	f.settle()
+	return maps.Values(f.live.jobs)
+}
+
+// LiveAttempts yields, in no order, every attempt a decider may act on:
+// not Terminal, or terminal with a registration no job used that is not yet
+// deleted. The attempts must not be modified.
+func (f *Fleet) LiveAttempts() iter.Seq[*Attempt] {
+	f.settle()
+	return maps.Values(f.live.attempts)
+}
+
+// LiveCounts is the size of the index, for metrics and benchmarks.
+func (f *Fleet) LiveCounts() (jobs, attempts int) {
+	f.settle()
+	return len(f.live.jobs), len(f.live.attempts)
+}
+
+func (f *Fleet) markJob(id int64) {
+	if f.live.built {
+		f.live.dirtyJobs[id] = struct{}{}
+	}
+}
+
+func (f *Fleet) markAttempt(id string) {
+	if f.live.built {
+		f.live.dirtyAttempts[id] = struct{}{}
+	}
+}
+
+// settle builds the index, or re-judges the records marked since the last
+// read.
+func (f *Fleet) settle() {
+	l := &f.live
+	if !l.built {
+		*l = live{built: true, jobs: map[int64]*Job{}, attempts: map[string]*Attempt{},
+			dirtyJobs: map[int64]struct{}{}, dirtyAttempts: map[string]struct{}{}}
+		for id, j := range f.Jobs {
+			if j.open() {
+				l.jobs[id] = j
+			}
+		}
+		for id, a := range f.Attempts {
+			if f.actionable(a) {
+				l.attempts[id] = a
+			}
+		}
+		return
+	}
+	for id := range l.dirtyJobs {
+		if j := f.Jobs[id]; j != nil && j.open() {
+			l.jobs[id] = j
+		} else {
+			delete(l.jobs, id)
+		}
+	}
+	clear(l.dirtyJobs)
+	for id := range l.dirtyAttempts {
+		if a := f.Attempts[id]; a != nil && f.actionable(a) {
+			l.attempts[id] = a
+		} else {
+			delete(l.attempts, id)
+		}
+	}
+	clear(l.dirtyAttempts)
+}

@@ -181,6 +181,7 @@ func (f *Fleet) jobFact(r JobRef, st JobStatus, at time.Time, runner, conclusion
 	}
 	if j.Labels == nil && r.Labels != nil {
 		j.Labels = NormalizeLabels(r.Labels)
+		j.labelKey = strings.Join(j.Labels, ",")
 	}
 	if st > j.Status {
 		j.Status = st

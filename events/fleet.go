@@ -1,6 +1,7 @@
 package events
 
 import (
+	"strings"
 	"time"
 )
 
@@ -40,6 +41,18 @@ type Job struct {
 	// fact says so.
 	Conflict         string
 	ConflictRecorded bool
+
+	labelKey string // Labels joined, set with them: what matching keys on
+}
+
+// LabelKey is the job's labels as one canonical string (LabelKey of its
+// labels), kept from the fold so matching a job to its pool allocates
+// nothing.
+func (j *Job) LabelKey() string {
+	if j.labelKey == "" && len(j.Labels) > 0 {
+		return strings.Join(j.Labels, ",") // a record built by hand
+	}
+	return j.labelKey
 }
 
 // Demand reports whether the job is waiting for a runner: queued, not taken,

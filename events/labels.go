@@ -103,7 +103,15 @@ func NewMatcher(pools map[string][]string) *Matcher {
 // Match returns the pool that serves jobLabels, or "".
 func (m *Matcher) Match(jobLabels []string) string {
 	job := NormalizeLabels(jobLabels)
-	key := strings.Join(job, ",")
+	return m.match(strings.Join(job, ","), job)
+}
+
+// MatchJob is Match for a folded job, whose labels are normalised already:
+// after the first job of a label set it costs one map lookup, no
+// allocation (Decide matches every queued job on every round).
+func (m *Matcher) MatchJob(j *Job) string { return m.match(j.LabelKey(), j.Labels) }
+
+func (m *Matcher) match(key string, job []string) string {
 	if pool, ok := m.cache[key]; ok {
 		return pool
 	}

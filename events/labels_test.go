@@ -1,6 +1,7 @@
 package events_test
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 
@@ -115,17 +116,25 @@ func TestMatchPool(t *testing.T) {
 	}
 }
 
-// The Matcher answers exactly as MatchPool for any jobs and pools.
+// The Matcher answers exactly as MatchPool for any jobs and pools, given
+// raw labels (Match) or a job as the fold keeps it (MatchJob), whose labels
+// and label key come from the queued fact.
 func TestMatcherAgreesWithMatchPool(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		vocab := []string{"self-hosted", "linux", "Linux", "x64", "ARM64", "macos", "gpu", " linux "}
 		labels := rapid.SliceOfN(rapid.SampledFrom(vocab), 0, 4)
 		pools := rapid.MapOfN(rapid.StringMatching(`[a-c]`), labels, 0, 3).Draw(t, "pools")
 		m := events.NewMatcher(pools)
-		for i := 0; i < 5; i++ {
+		f := events.NewFleet()
+		for i := int64(1); i <= 5; i++ {
 			job := labels.Draw(t, "job")
-			if got, want := m.Match(job), events.MatchPool(job, pools); got != want {
+			want := events.MatchPool(job, pools)
+			if got := m.Match(job); got != want {
 				t.Fatalf("job %v pools %v: Matcher %q, MatchPool %q", job, pools, got, want)
+			}
+			f.Apply(events.Event{ID: fmt.Sprint(i), Data: &events.JobQueued{JobRef: events.JobRef{JobID: i, Labels: job}}})
+			if got := m.MatchJob(f.Jobs[i]); got != want {
+				t.Fatalf("folded job %v pools %v: MatchJob %q, MatchPool %q", job, pools, got, want)
 			}
 		}
 	})

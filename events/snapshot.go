@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -101,6 +102,7 @@ func UnmarshalSnapshot(b []byte) (*Fleet, error) {
 	f := NewFleet()
 	f.LastSeq, f.Skipped, f.Applied = s.LastSeq, s.Skipped, s.Applied
 	for _, j := range s.Jobs {
+		j.labelKey = strings.Join(j.Labels, ",")
 		f.Jobs[j.ID] = j
 	}
 	for _, sa := range s.Attempts {

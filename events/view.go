@@ -159,7 +159,7 @@ func (f *Fleet) Status() Status {
 			st.Jobs.Waiting++
 		case j.Status == StatusQueued:
 			st.Jobs.Queued++
-			if name := match.Match(j.Labels); name != "" {
+			if name := match.MatchJob(j); name != "" {
 				poolOf(name).PendingDemand++
 			} else {
 				st.Jobs.Unmatched++

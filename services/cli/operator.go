@@ -88,7 +88,7 @@ func PrintJobs(w io.Writer, f *events.Fleet, limit int) error {
 	tw := tabwriter.NewWriter(w, 0, 2, 2, ' ', 0)
 	fmt.Fprintln(tw, "JOB\tSTATUS\tCONCLUSION\tPOOL\tRUNNER\tATTEMPTS\tQUEUED")
 	for _, j := range jobs {
-		pool := match.Match(j.Labels)
+		pool := match.MatchJob(j)
 		status := j.Status.String()
 		if j.Unschedulable && j.Status < events.StatusInProgress {
 			status = "unschedulable"

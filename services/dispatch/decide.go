@@ -3,6 +3,7 @@
 package dispatch
 
 import (
+	"container/heap"
 	"sort"
 	"time"
 
@@ -108,7 +109,7 @@ func Decide(f *events.Fleet, p Params) Plan {
 		if !j.Demand() {
 			continue
 		}
-		if pool := match.Match(j.Labels); pool != "" {
+		if pool := match.MatchJob(j); pool != "" {
 			demand[pool] = append(demand[pool], j)
 		}
 	}
@@ -205,19 +206,20 @@ func Decide(f *events.Fleet, p Params) Plan {
 			continue
 		}
 		need := len(jobs) - len(supply)
-		sort.Slice(jobs, func(i, k int) bool {
-			if !jobs[i].QueuedAt.Equal(jobs[k].QueuedAt) {
-				return jobs[i].QueuedAt.Before(jobs[k].QueuedAt)
-			}
-			return jobs[i].ID < jobs[k].ID
-		})
+		if need <= 0 {
+			continue
+		}
+		// Jobs with a runner of their own booked need nothing more; the
+		// runner may take another job (law 8), which is why they count in
+		// need but are not booked again.
+		waiting := jobs[:0]
 		for _, j := range jobs {
-			if need == 0 {
-				break
+			if !ownUnbound[j.ID] {
+				waiting = append(waiting, j)
 			}
-			if ownUnbound[j.ID] {
-				continue
-			}
+		}
+		for oldest := oldestFirst(waiting); need > 0 && oldest.Len() > 0; {
+			j := oldest.next()
 			if j.FailedAttempts >= p.MaxAttempts {
 				plan.Unschedulable = append(plan.Unschedulable, events.JobUnschedulable{
 					JobID: j.ID, Attempts: j.FailedAttempts,
@@ -360,3 +362,33 @@ func teardown(a *events.Attempt, reason string) events.AttemptTeardownRequested 
 	return events.AttemptTeardownRequested{
 		AttemptRef: events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}, Reason: reason}
 }
+
+// oldestFirst hands out jobs oldest first (queued time, then id). A round
+// books at most as many jobs as there are free slots, usually a few, while
+// a backlog may hold thousands: a heap costs O(n + k log n) for k taken,
+// where sorting the whole backlog on every round cost O(n log n).
+func oldestFirst(jobs []*events.Job) *jobHeap {
+	h := jobHeap(jobs)
+	heap.Init(&h)
+	return &h
+}
+
+type jobHeap []*events.Job
+
+func (h jobHeap) Len() int { return len(h) }
+func (h jobHeap) Less(i, k int) bool {
+	if !h[i].QueuedAt.Equal(h[k].QueuedAt) {
+		return h[i].QueuedAt.Before(h[k].QueuedAt)
+	}
+	return h[i].ID < h[k].ID
+}
+func (h jobHeap) Swap(i, k int) { h[i], h[k] = h[k], h[i] }
+func (h *jobHeap) Push(x any)   { *h = append(*h, x.(*events.Job)) }
+func (h *jobHeap) Pop() any {
+	old := *h
+	j := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return j
+}
+
+func (h *jobHeap) next() *events.Job { return heap.Pop(h).(*events.Job) }

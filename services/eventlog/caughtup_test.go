@@ -70,3 +70,57 @@ func TestDecideWaitsForEveryFactTheLogHeldAtStart(t *testing.T) {
 			r.seen[0], matching, r.seen[:min(len(r.seen), 5)])
 	}
 }
+
+// gapReactor records how many facts the fold held at each Decide.
+type gapReactor struct {
+	mu      sync.Mutex
+	applied int
+	seen    []int
+}
+
+func (r *gapReactor) Apply(eventlog.Delivered) { r.mu.Lock(); r.applied++; r.mu.Unlock() }
+func (r *gapReactor) Decide(context.Context) {
+	r.mu.Lock()
+	r.seen = append(r.seen, r.applied)
+	r.mu.Unlock()
+}
+
+func (r *gapReactor) decides() []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]int(nil), r.seen...)
+}
+
+// Given a loop with a Gap (the watchdog's) on a durable consumer, when a
+// burst of facts arrives one at a time, then they are decided on together,
+// not one Decide each: at most one Decide per gap (plus the one the first
+// fact triggers), the last of them sees every fact, and every fact is acked
+// once it has been decided on.
+func TestALoopWithAGapDecidesOnABurstTogether(t *testing.T) {
+	_, js, app := start(t)
+	const gap, burst = 400 * time.Millisecond, 60
+	r := &gapReactor{}
+	l := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: time.Hour, Gap: gap,
+		Consumer: &eventlog.Consumer{Name: "test-gap", AckWait: 5 * time.Second}}
+	runLoop(t, l, r)
+	eventually(t, "the loop caught up and decided once", func() bool { return l.CaughtUp() && len(r.decides()) > 0 })
+	before := len(r.decides())
+	began := time.Now()
+	var last uint64
+	for i := range burst {
+		last = appendQueued(t, app, fmt.Sprintf("gap-%d", i), int64(i+1))
+	}
+	took := time.Since(began)
+	eventually(t, "a Decide that saw the whole burst", func() bool {
+		d := r.decides()
+		return d[len(d)-1] == burst
+	})
+	n := len(r.decides()) - before
+	if limit := 2 + int(took/gap); n > limit {
+		t.Errorf("%d Decides for a burst of %d facts over %v, want at most %d (one per %v gap)", n, burst, took.Round(time.Millisecond), limit, gap)
+	}
+	eventually(t, "every fact acked", func() bool {
+		info := consumerInfo(t, js, "test-gap")
+		return info.AckFloor.Stream >= last && info.NumAckPending == 0
+	})
+}

@@ -21,8 +21,15 @@ const waitLimit = 10 * time.Second
 
 // start runs an embedded server with the Berth stream and returns a client.
 func start(t *testing.T) (*nats.Conn, jetstream.JetStream, *eventlog.Appender) {
+	return startServer(t, eventlog.EmbeddedConfig{}, eventlog.StreamConfig{})
+}
+
+// startServer runs an embedded server configured by srvCfg (its listen
+// address and store are the test's own) with the Berth stream per cfg.
+func startServer(t *testing.T, srvCfg eventlog.EmbeddedConfig, cfg eventlog.StreamConfig) (*nats.Conn, jetstream.JetStream, *eventlog.Appender) {
 	t.Helper()
-	srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
+	srvCfg.Listen, srvCfg.StoreDir = "127.0.0.1:0", t.TempDir()
+	srv, err := eventlog.StartEmbedded(srvCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +39,7 @@ func start(t *testing.T) (*nats.Conn, jetstream.JetStream, *eventlog.Appender) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	if _, err := eventlog.EnsureStream(ctxFor(t), js, eventlog.StreamConfig{}); err != nil {
+	if _, err := eventlog.EnsureStream(ctxFor(t), js, cfg); err != nil {
 		t.Fatal(err)
 	}
 	return nc, js, &eventlog.Appender{JS: js, Source: "berth/test"}

@@ -56,6 +56,14 @@ type Loop struct {
 	// Consumer, when set, reads through a durable consumer with explicit
 	// acks (services); nil reads with an ordered consumer (tools, tests).
 	Consumer *Consumer
+	// Gap, when set, is the least time between two Decides that new facts
+	// trigger: facts that arrive sooner are folded at once and decided on
+	// together when the gap is over (their acks wait for that Decide). A
+	// tick or a posted call decides at once. Decide walks the live fleet,
+	// so under a burst a reactor whose decisions are all deadlines of
+	// seconds (the watchdog) need not walk it for every fact; the
+	// dispatcher and the agents, on the job's path, leave it 0.
+	Gap time.Duration
 
 	follower    atomic.Pointer[follower]
 	panics      atomic.Uint64
@@ -143,8 +151,16 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 		go l.refreshTarget(ctx, tick)
 	}
 	var batch []Delivered // applied, not yet acked
+	var lastDecide time.Time
+	var gap *time.Timer // armed while facts wait for the gap to end
+	var gapC <-chan time.Time
+	defer func() {
+		if gap != nil {
+			gap.Stop()
+		}
+	}()
 	for {
-		decide := false
+		decide, byFacts := false, false
 		select {
 		case <-ctx.Done():
 			<-errc
@@ -157,6 +173,9 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 			return err
 		case fn := <-l.inbox:
 			fn()
+			decide = true
+		case <-gapC:
+			gapC = nil
 			decide = true
 		case <-t.C:
 			decide = true
@@ -175,10 +194,29 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 					drained = true
 				}
 			}
-			decide = true
+			decide, byFacts = true, true
+		}
+		if byFacts && l.Gap > 0 && l.caughtUp.Load() {
+			if wait := l.Gap - time.Since(lastDecide); wait > 0 {
+				if gapC == nil {
+					if gap == nil {
+						gap = time.NewTimer(wait)
+					} else {
+						gap.Reset(wait)
+					}
+					gapC = gap.C
+				}
+				l.progress.Store(time.Now().UnixNano())
+				continue // decided on, and acked, when the gap ends
+			}
 		}
 		if decide && l.caughtUp.Load() {
 			l.decide(ctx, r, batch)
+			lastDecide = time.Now()
+			if gapC != nil {
+				gap.Stop() // this Decide saw what the gap held back
+				gapC = nil
+			}
 		}
 		// Ack only now: the batch is folded and, once caught up, Decide
 		// has stored the reaction's own facts (its appends are synchronous).
@@ -372,11 +410,14 @@ func (l *Loop) restore(ctx context.Context, r Reactor) *snapState {
 		return st
 	}
 	st.kv, st.s = kv, s
-	e, err := kv.Get(kctx, l.SnapshotKey)
+	b, err := GetSnapshot(kctx, kv, l.SnapshotKey)
 	if err != nil {
+		if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			slog.Warn("snapshot unreadable; replaying the whole log", "key", l.SnapshotKey, "err", err)
+		}
 		return st
 	}
-	seq, err := s.RestoreFold(e.Value())
+	seq, err := s.RestoreFold(b)
 	if err != nil {
 		slog.Warn("snapshot unusable; replaying the whole log", "key", l.SnapshotKey, "err", err)
 		return st
@@ -413,8 +454,8 @@ func (l *Loop) save(ctx context.Context, st *snapState) {
 	}
 	kctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := st.kv.Put(kctx, l.SnapshotKey, b); err != nil {
-		slog.Warn("snapshot not stored", "key", l.SnapshotKey, "err", err)
+	if err := PutSnapshot(kctx, l.JS, st.kv, l.SnapshotKey, seq, b); err != nil {
+		slog.Warn("snapshot not stored; a restart will fold more of the log", "key", l.SnapshotKey, "err", err)
 		return
 	}
 	st.seq = seq

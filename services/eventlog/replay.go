@@ -122,7 +122,7 @@ func loadSnapshots(ctx context.Context, js jetstream.JetStream) ([]namedSnapshot
 	var out []namedSnapshot
 	var notes []string
 	for _, key := range WholeLogSnapshotKeys {
-		e, err := kv.Get(kctx, key)
+		b, err := GetSnapshot(kctx, kv, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			notes = append(notes, key+": none saved")
 			continue
@@ -131,7 +131,7 @@ func loadSnapshots(ctx context.Context, js jetstream.JetStream) ([]namedSnapshot
 			notes = append(notes, fmt.Sprintf("%s: %v", key, err))
 			continue
 		}
-		f, err := events.UnmarshalSnapshot(e.Value())
+		f, err := events.UnmarshalSnapshot(b)
 		if err != nil {
 			notes = append(notes, fmt.Sprintf("%s: %v", key, err))
 			continue

@@ -16,20 +16,8 @@ import (
 // startWith runs an embedded server with the Berth stream ensured to cfg.
 func startWith(t *testing.T, cfg eventlog.StreamConfig) (jetstream.JetStream, *eventlog.Appender) {
 	t.Helper()
-	srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	nc, js, err := eventlog.Connect(srv.ClientURL(), t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	if _, err := eventlog.EnsureStream(ctxFor(t), js, cfg); err != nil {
-		t.Fatal(err)
-	}
-	return js, &eventlog.Appender{JS: js, Source: "berth/test"}
+	_, js, app := startServer(t, eventlog.EmbeddedConfig{}, cfg)
+	return js, app
 }
 
 func streamState(t *testing.T, js jetstream.JetStream) jetstream.StreamState {
@@ -197,11 +185,11 @@ func waitSnapshot(t *testing.T, js jetstream.JetStream, key string, seq uint64) 
 		if err != nil {
 			return false
 		}
-		e, err := kv.Get(ctxFor(t), key)
+		b, err := eventlog.GetSnapshot(ctxFor(t), kv, key)
 		if err != nil {
 			return false
 		}
-		f, err := events.UnmarshalSnapshot(e.Value())
+		f, err := events.UnmarshalSnapshot(b)
 		return err == nil && f.LastSeq >= seq
 	})
 }

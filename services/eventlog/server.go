@@ -4,6 +4,7 @@
 package eventlog
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"strconv"
@@ -19,6 +20,8 @@ type EmbeddedConfig struct {
 	Listen string
 	// StoreDir holds JetStream's files.
 	StoreDir string
+	// MaxPayload is the largest message in bytes; 0 means 4 MiB.
+	MaxPayload int32
 }
 
 // StartEmbedded starts a JetStream-enabled nats-server in this process and
@@ -44,7 +47,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 		StoreDir:   cfg.StoreDir,
 		NoSigs:     true,
 		NoLog:      true,
-		MaxPayload: 4 << 20,
+		MaxPayload: cmp.Or(cfg.MaxPayload, 4<<20),
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {

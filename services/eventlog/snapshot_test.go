@@ -74,8 +74,8 @@ func TestRestartFromSnapshotFoldsOnlyTheTail(t *testing.T) {
 	for deadline := time.Now().Add(waitLimit); ; time.Sleep(10 * time.Millisecond) {
 		if kv, err := js.KeyValue(ctx, eventlog.SnapshotBucket); err != nil {
 			// the loop has not made the bucket yet
-		} else if e, err := kv.Get(ctx, "test"); err == nil {
-			if f, err := events.UnmarshalSnapshot(e.Value()); err == nil && f.LastSeq == 50 {
+		} else if b, err := eventlog.GetSnapshot(ctx, kv, "test"); err == nil {
+			if f, err := events.UnmarshalSnapshot(b); err == nil && f.LastSeq == 50 {
 				break
 			}
 		}

@@ -104,7 +104,7 @@ func Generate(hosts []string) (*Auth, error) {
 			return nil, err
 		}
 		if err := add(AgentRole(h), Account, []string{events.HostSubject(h), events.HostAttemptsFilter(h),
-			kv("berth_heartbeats", h), kv("berth_snapshots", "agent-"+h), kv("berth_parked", ">")}); err != nil {
+			kv("berth_heartbeats", h), kv("berth_snapshots", "agent-"+h), kv("berth_snapshots", "agent-"+h+".>"), kv("berth_parked", ">")}); err != nil {
 			return nil, err
 		}
 		a.Users[len(a.Users)-1].API = agentAPI(h)
@@ -184,7 +184,8 @@ func agentAPI(host string) []string {
 		out = append(out, api+"STREAM.INFO."+b, api+"STREAM.CREATE."+b, api+"STREAM.UPDATE."+b)
 	}
 	return append(out, api+"DIRECT.GET.KV_berth_heartbeats.>", api+"DIRECT.GET.KV_berth_parked.>",
-		api+"DIRECT.GET.KV_berth_snapshots.$KV.berth_snapshots.agent-"+host)
+		api+"DIRECT.GET.KV_berth_snapshots.$KV.berth_snapshots.agent-"+host,
+		api+"DIRECT.GET.KV_berth_snapshots.$KV.berth_snapshots.agent-"+host+".>") // a snapshot in parts
 }
 
 // jsDeny: no service deletes or purges the log (the stream denies it too).

@@ -251,7 +251,7 @@ func waiting(f *events.Fleet, now time.Time, p Params) []events.DemandWaiting {
 		if !j.Demand() || now.Sub(j.QueuedAt) < p.DemandWaitingAfter {
 			continue
 		}
-		pool := match.Match(j.Labels)
+		pool := match.MatchJob(j)
 		if pool == "" {
 			if !events.Serves(j.Labels, []string{"self-hosted"}) {
 				continue // a GitHub-hosted job: not ours to serve

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	fastjson "github.com/goccy/go-json"
 )
 
 // SpecVersion is the CloudEvents version of every envelope Berth writes.
@@ -94,21 +96,36 @@ func Marshal(e Event) ([]byte, error) {
 // Unmarshal decodes an envelope and its payload. It returns an error wrapping
 // ErrMalformed for bytes that are not an envelope, and ErrUnknownType for a
 // type this build does not know (the envelope fields are still filled in).
-func Unmarshal(b []byte, seq uint64) (Event, error) {
+func Unmarshal(b []byte, seq uint64) (ev Event, err error) {
+	defer func() {
+		// go-json works with unsafe code; should it ever panic on some
+		// input, that input is malformed, not a reason to stop a follower.
+		if p := recover(); p != nil {
+			ev, err = Event{}, fmt.Errorf("%w: decoder panic: %v", ErrMalformed, p)
+		}
+	}()
+	// encoding/json checks the syntax (go-json skips what no field takes
+	// without checking it), go-json decodes: 2.5× faster than
+	// encoding/json alone (BenchmarkUnmarshalLifecycle), and replay and
+	// every follower are mostly this. FuzzUnmarshal holds the two to the
+	// same answers.
+	if !json.Valid(b) {
+		return Event{}, fmt.Errorf("%w: not valid JSON", ErrMalformed)
+	}
 	var env Envelope
-	if err := json.Unmarshal(b, &env); err != nil {
+	if err := fastjson.Unmarshal(b, &env); err != nil {
 		return Event{}, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
 	if env.SpecVersion != SpecVersion || env.ID == "" || env.Type == "" {
 		return Event{}, fmt.Errorf("%w: specversion %q, id %q, type %q", ErrMalformed, env.SpecVersion, env.ID, env.Type)
 	}
-	ev := Event{ID: env.ID, Source: env.Source, Time: env.Time, Subject: env.Subject, Seq: seq}
+	ev = Event{ID: env.ID, Source: env.Source, Time: env.Time, Subject: env.Subject, Seq: seq}
 	newPayload, ok := catalogue[env.Type]
 	if !ok {
 		return ev, fmt.Errorf("%w: %s", ErrUnknownType, env.Type)
 	}
 	p := newPayload()
-	if err := json.Unmarshal(env.Data, p); err != nil {
+	if err := fastjson.Unmarshal(env.Data, p); err != nil {
 		return ev, fmt.Errorf("%w: %s data: %v", ErrMalformed, env.Type, err)
 	}
 	ev.Data = p

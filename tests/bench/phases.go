@@ -173,7 +173,7 @@ func Throughput(ctx context.Context, e Env, o ThroughputOptions) (Result, error)
 		Row{Figure: fmt.Sprintf("Throughput: job lifecycles/s, %d jobs of 0 s, all services, sim at zero latency", o.Jobs),
 			Value:     num(jobsPerSec) + " jobs/s",
 			Reference: fmt.Sprintf("JetStream async publish %s msg/s ÷ %.1f facts/job = %s jobs/s", num(raw), perJob, num(bound)),
-			Ratio:     ratio(jobsPerSec, bound), Target: "none set (issue 9 asks for the figure)"},
+			Ratio:     ratio(jobsPerSec, bound), Target: target("≥ 2,000 jobs/s", jobsPerSec >= 2000)},
 		Row{Figure: "Events one job costs (facts in the log per job)", Value: fmt.Sprintf("%.2f facts, %d B each on average", perJob, size),
 			Reference: "10 facts in a clean lifecycle", Ratio: ratio(perJob, 10)},
 		Row{Figure: "Log appends/s during the throughput run (all writers)", Value: num(rate(facts, elapsed)) + " facts/s",
@@ -275,7 +275,10 @@ func (e Env) latencyAt(ctx context.Context, r, jobs, hosts int) (Row, []string, 
 		Value:     pq(d),
 		Reference: "one sync publish RTT " + pq(rtt),
 		Ratio:     fmt.Sprintf("p50 %s, p99 %s", ratio(float64(d.P50), float64(rtt.P50)), ratio(float64(d.P99), float64(rtt.P99))),
-		Target:    "none set"}
+		Target:    "none at this rate"}
+	if r == 200 {
+		row.Target = target("p50 ≤ 0.5 ms, p99 ≤ 2 ms", d.P50 <= 500*time.Microsecond && d.P99 <= 2*time.Millisecond)
+	}
 	notes := []string{fmt.Sprintf("at %d jobs/s: offered %s jobs/s, webhooks accepted at %s jobs/s; delivery lag (sim enqueue → accepted) %s; placements %d of %d jobs",
 		r, num(offered), num(accepted), pq(Summarize(lag)), d.N, jobs)}
 	return row, notes, nil
@@ -322,7 +325,7 @@ func ReleaseLatency(ctx context.Context, e Env, o ReleaseOptions) (Result, error
 		Value:     pq(w),
 		Reference: "same workload, teardowns return: " + pq(n),
 		Ratio:     fmt.Sprintf("p50 %s, p99 %s", ratio(float64(w.P50), float64(n.P50)), ratio(float64(w.P99), float64(n.P99))),
-		Target:    "release never waits on teardown (law 2): ratio ≈ 1",
+		Target:    target("p99 ≤ 50 ms (law 2: release never waits on teardown)", w.P99 <= 50*time.Millisecond),
 	})
 	res.Notes = notes
 	return res, nil
@@ -435,10 +438,10 @@ func Memory(ctx context.Context, e Env, o MemoryOptions) (Result, error) {
 		Row{Figure: "Memory: the same without the simulator's share (Berth's three folds and the NATS server)",
 			Value:     fmt.Sprintf("%s and %.1f objects per job", bytesStr(perJob-simJob), objs-simObjs),
 			Reference: fmt.Sprintf("the simulator keeps %s and %.1f objects per job (heap drop when it is closed ÷ all jobs)", bytesStr(simJob), simObjs),
-			Target:    "flat in job count (law 5)"},
+			Target:    target("≤ 64 B and ≤ 0.1 heap objects per job", perJob-simJob <= 64 && objs-simObjs <= 0.1)},
 		Row{Figure: "Memory: goroutines before → after the jobs", Value: fmt.Sprintf("%d → %d", before.goroutines, after.goroutines),
 			Reference: "", Ratio: fmt.Sprintf("%+.3f per job", float64(after.goroutines-before.goroutines)/n),
-			Target: "no goroutine outlives its job (law 5)"},
+			Target: target("goroutines back to baseline (law 5)", after.goroutines <= before.goroutines)},
 	)
 	res.Notes = append(res.Notes,
 		fmt.Sprintf("the heap is the whole process: besides the dispatcher, the watchdog and the agent it holds the simulator (it keeps every job and every webhook body: %s per job of bodies alone) and the embedded NATS server (message-id window of 2 min, per-subject index); measured 11 s after the last fact, past the file store's block-cache expiry",
@@ -511,7 +514,7 @@ func Replay(ctx context.Context, e Env, o ReplayOptions) (Result, error) {
 		Figure:    fmt.Sprintf("Replay: events/s rebuilding the projection (eventlog.Replay), %s events", commas(int64(total))),
 		Value:     num(bestReplay) + " events/s",
 		Reference: "raw ordered consumer, same stream: " + num(bestRaw) + " msg/s",
-		Ratio:     ratio(bestReplay, bestRaw), Target: "none set",
+		Ratio:     ratio(bestReplay, bestRaw), Target: target("≥ 0.5× the raw ordered-consumer rate", bestReplay >= bestRaw/2),
 	})
 	res.Notes = append(res.Notes, fmt.Sprintf("%s events (%s) from %d synthetic lifecycles of ten facts, written with the services' ids and headers; best of two rounds each; a full rebuild takes %s",
 		commas(int64(total)), bytesStr(float64(bytes)), o.Jobs, ms(time.Duration(float64(total)/bestReplay*float64(time.Second)))))
@@ -579,10 +582,11 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 	makespan := end.Sub(run.start)
 	res.Rows = append(res.Rows,
 		Row{Figure: fmt.Sprintf("Scale: peak concurrent jobs, %d jobs of %s on %d hosts", o.Jobs, o.Duration, o.Hosts),
-			Value: fmt.Sprint(peak), Reference: fmt.Sprintf("%d slots offered", slots), Ratio: ratio(float64(peak), float64(slots)), Target: "none set"},
+			Value: fmt.Sprint(peak), Reference: fmt.Sprintf("%d slots offered", slots), Ratio: ratio(float64(peak), float64(slots)), Target: "—"},
 		Row{Figure: "Scale: makespan (first enqueue → last job completed)", Value: ms(makespan),
-			Reference: fmt.Sprintf("%.0f waves of %s the slots allow: %s", waves, o.Duration, ms(ideal)), Ratio: ratio(float64(makespan), float64(ideal)), Target: "none set"},
-		Row{Figure: "Scale: queued → a runner took the job", Value: pq(Summarize(q2s)), Target: "none set"},
+			Reference: fmt.Sprintf("%.0f waves of %s the slots allow: %s", waves, o.Duration, ms(ideal)), Ratio: ratio(float64(makespan), float64(ideal)), Target: "—"},
+		Row{Figure: "Scale: queued → a runner took the job", Value: pq(Summarize(q2s)),
+			Target: "issue 9 asks dispatch latency p99 ≤ 2× unloaded at 10,000 jobs on 500 hosts; this is queue time behind full slots, not that figure"},
 	)
 	res.Notes = append(res.Notes, fmt.Sprintf("%d linux and %d macos jobs by label match; %.2f facts per job; runner failures %d",
 		perPool["linux"], perPool["macos"], float64(run.last-run.base)/float64(o.Jobs), f.RunnerFailures()))

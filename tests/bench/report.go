@@ -208,3 +208,11 @@ func bytesStr(b float64) string {
 		return fmt.Sprintf("%.0f B", b)
 	}
 }
+
+// target states one of issue 9's targets and whether this run met it.
+func target(goal string, met bool) string {
+	if met {
+		return goal + ": met"
+	}
+	return goal + ": **not met**"
+}

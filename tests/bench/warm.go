@@ -77,9 +77,9 @@ func TimeToRunner(ctx context.Context, e Env, o WarmOptions) (Result, error) {
 	w, c := Summarize(warm), Summarize(cold)
 	res.Rows = append(res.Rows,
 		Row{Figure: fmt.Sprintf("Time to runner, warm hit (queued → runner started), %d jobs", w.N), Value: pq(w),
-			Reference: "cold start " + pq(c), Ratio: fmt.Sprintf("p50 %s", ratio(float64(w.P50), float64(c.P50))), Target: "none set"},
+			Reference: "cold start " + pq(c), Ratio: fmt.Sprintf("p50 %s", ratio(float64(w.P50), float64(c.P50))), Target: "— (issue 8)"},
 		Row{Figure: fmt.Sprintf("Time to runner, cold start (VM booked and booted for the job, boot %s), %d jobs", o.Boot, c.N),
-			Value: pq(c), Reference: "boot " + ms(o.Boot), Target: "none set"})
+			Value: pq(c), Reference: "boot " + ms(o.Boot), Target: "— (issue 8)"})
 	res.Notes = append(res.Notes, fmt.Sprintf("%d warm VMs kept in the linux pool; jobs offered at %.0f/s: the first ones and those arriving after a refill hit warm VMs, the rest start cold", o.Warm, o.Rate))
 	return res, nil
 }

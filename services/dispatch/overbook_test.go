@@ -76,3 +76,48 @@ func mustMarshal(t *testing.T, e events.Event) []byte {
 	}
 	return b
 }
+
+// mintRecorder records the runner names it was asked to mint for.
+type mintRecorder struct {
+	countingMinter
+	names chan string
+}
+
+func (m *mintRecorder) Mint(ctx context.Context, r dispatch.MintRequest) (int64, string, error) {
+	m.names <- r.RunnerName
+	return m.countingMinter.Mint(ctx, r)
+}
+
+// Given a queued job and a free slot, when the dispatcher decides once,
+// then it books the slot and mints the booked runner's JIT config in that
+// same round: a booking it stored is in its fold at once, and waiting for
+// it to come back through the consumer put a hop on every job's path to
+// its runner (dispatch latency, issue 9).
+func TestTheDispatcherMintsForItsBookingInTheSameRound(t *testing.T) {
+	in := newIntake(t)
+	m := &mintRecorder{names: make(chan string, 4)}
+	d, err := dispatch.New(&eventlog.Loop{JS: in.js}, &eventlog.Appender{JS: in.js, Source: "test"}, m,
+		dispatch.Options{Logger: slog.New(slog.DiscardHandler)}, dispatch.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range []events.Payload{host("h-a", 1, 1), queued(1)} {
+		e := events.New("test", time.Now(), p)
+		e.Seq = uint64(i + 1)
+		d.Apply(eventlog.Delivered{Event: e})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d.Decide(ctx) // the only Decide: nothing is folded back in between
+	select {
+	case name := <-m.names:
+		if name != events.AttemptID(1, 1) {
+			t.Errorf("minted for %s, want %s", name, events.AttemptID(1, 1))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no JIT config minted in the round that booked the slot")
+	}
+	if n := in.stream(t, events.PoolSubject("linux")).State.Msgs; n != 1 {
+		t.Errorf("%d facts on the linux ledger, want the 1 booking", n)
+	}
+}

@@ -143,6 +143,12 @@ func (f *Fleet) touch(a *Attempt, at time.Time, mutate func()) {
 	if at.After(a.LastAt) {
 		a.LastAt = at
 	}
+	if a.Terminal() {
+		// Its VM is gone and no create will read the sealed JIT config
+		// again; every fold keeps the attempt for the retention (72 h),
+		// and the config is most of its bytes (law 5).
+		a.SealedJIT, a.SealedBy, a.SealedTo = nil, "", ""
+	}
 	f.count(before, pool, host, job, -1)
 	f.count(a.contribution(), a.Pool, a.Host, a.JobID, +1)
 }

@@ -2,8 +2,10 @@ package events_test
 
 import (
 	stdjson "encoding/json"
+	"errors"
 	"reflect"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/berth-ci/berth/events"
@@ -11,7 +13,8 @@ import (
 
 // Unmarshal decodes with a faster JSON package than encoding/json (replay
 // is mostly decoding). Given any bytes, it never panics; what it accepts,
-// encoding/json accepts too and, for valid UTF-8, decodes to the same event; and an accepted event survives Marshal and
+// encoding/json accepts too (but for a duration written as a string) and,
+// for valid UTF-8, decodes to the same event; and an accepted event survives Marshal and
 // Unmarshal unchanged. Seeded with every stage of a job's facts, stored
 // as the services store them, and a few malformed envelopes.
 func FuzzUnmarshal(f *testing.F) {
@@ -39,6 +42,10 @@ func FuzzUnmarshal(f *testing.F) {
 		want := events.Types()[env.Type]
 		p := reflect.New(reflect.TypeOf(want).Elem()).Interface()
 		if err := stdjson.Unmarshal(env.Data, p); err != nil {
+			var te *stdjson.UnmarshalTypeError
+			if errors.As(err, &te) && te.Type == reflect.TypeOf(time.Duration(0)) {
+				return // the known difference: a duration as a string ("40ms")
+			}
 			t.Fatalf("accepted the data of %q, which encoding/json refuses: %v", b, err)
 		}
 		if !reflect.DeepEqual(ev.Data, p) {

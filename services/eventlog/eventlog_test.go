@@ -360,3 +360,42 @@ func TestLoopWithAFilterNothingMatchesStillCatchesUp(t *testing.T) {
 		t.Errorf("Decide saw %d facts, caught up %v; want 0, true", n, l.CaughtUp())
 	}
 }
+
+// Given a follower of the log, when its context ends, then its ordered
+// consumer is gone from the server at once, not after nats.go's 5-minute
+// inactive threshold (each one holds three server goroutines; the bench
+// saw them counted as retained after every run).
+func TestAFollowerLeavesNoConsumerBehind(t *testing.T) {
+	_, js, app := start(t)
+	appendQueued(t, app, "d-1", 1)
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	out := make(chan eventlog.Delivered, 8)
+	done := make(chan error, 1)
+	go func() { done <- eventlog.Follow(ctx, js, []string{events.SubjectAll}, 0, out) }()
+	select {
+	case <-out:
+	case <-time.After(waitLimit):
+		t.Fatal("the follower delivered nothing")
+	}
+	s, err := js.Stream(ctxFor(t), events.StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := consumers(t, s); n != 1 {
+		t.Fatalf("%d consumers while following, want 1", n)
+	}
+	cancel()
+	<-done
+	if n := consumers(t, s); n != 0 {
+		t.Errorf("%d consumers left after the follower stopped, want 0", n)
+	}
+}
+
+func consumers(t *testing.T, s jetstream.Stream) int {
+	t.Helper()
+	n := 0
+	for range s.ListConsumers(ctxFor(t)).Info() {
+		n++
+	}
+	return n
+}

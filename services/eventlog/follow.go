@@ -79,6 +79,7 @@ func Follow(ctx context.Context, js jetstream.JetStream, filters []string, start
 	if err != nil {
 		return fmt.Errorf("follow %v: %w", filters, err)
 	}
+	defer DropOrdered(js, cons)
 	it, err := cons.Messages(jetstream.PullMaxMessages(512))
 	if err != nil {
 		return fmt.Errorf("follow %v: %w", filters, err)
@@ -113,6 +114,27 @@ func Follow(ctx context.Context, js jetstream.JetStream, filters []string, start
 			return ctx.Err()
 		}
 	}
+}
+
+// DropOrdered deletes an ordered consumer on the server once its reader is
+// done. nats.go leaves it to its inactive threshold (5 min), holding three
+// server goroutines and its state, so every follow, replay and
+// `status --watch` would leave one behind for minutes. Best effort: the
+// threshold still removes it if this fails.
+func DropOrdered(js jetstream.JetStream, cons jetstream.Consumer) {
+	dropOrdered(cons, func(ctx context.Context, info *jetstream.ConsumerInfo) error {
+		return js.DeleteConsumer(ctx, info.Stream, info.Name)
+	})
+}
+
+func dropOrdered(cons jetstream.Consumer, del func(context.Context, *jetstream.ConsumerInfo) error) {
+	info := cons.CachedInfo()
+	if info == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = del(ctx, info)
 }
 
 // LastSeq returns the stream's last sequence (0 when empty).

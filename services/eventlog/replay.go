@@ -183,6 +183,9 @@ func foldTail(ctx context.Context, s jetstream.Stream, f *events.Fleet, from, la
 	if err != nil {
 		return f, fmt.Errorf("replay from seq %d: %w", from, err)
 	}
+	defer dropOrdered(cons, func(ctx context.Context, info *jetstream.ConsumerInfo) error {
+		return s.DeleteConsumer(ctx, info.Name)
+	})
 	it, err := cons.Messages(jetstream.PullMaxMessages(512))
 	if err != nil {
 		return f, fmt.Errorf("replay from seq %d: %w", from, err)

@@ -35,6 +35,7 @@ func ReadLog(ctx context.Context, js jetstream.JetStream, from, to uint64, timeo
 	if err != nil {
 		return nil, fmt.Errorf("read log: %w", err)
 	}
+	defer eventlog.DropOrdered(js, cons)
 	it, err := cons.Messages(jetstream.PullMaxMessages(1024))
 	if err != nil {
 		return nil, fmt.Errorf("read log: %w", err)
@@ -98,6 +99,7 @@ func Count(ctx context.Context, js jetstream.JetStream, from uint64) (*Counter, 
 	stop := context.AfterFunc(ctx, it.Stop)
 	go func() {
 		defer close(c.done)
+		defer eventlog.DropOrdered(js, cons)
 		defer stop()
 		for {
 			msg, err := it.Next()

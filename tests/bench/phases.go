@@ -377,7 +377,17 @@ func heapProfile(dir, name string) error {
 		return err
 	}
 	defer f.Close()
-	return pprof.Lookup("heap").WriteTo(f, 0)
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		return err
+	}
+	// The goroutines beside it, grouped by stack: what a change in their
+	// count is made of.
+	g, err := os.Create(dir + "/" + strings.TrimSuffix(name, ".pb.gz") + "-goroutines.txt")
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	return pprof.Lookup("goroutine").WriteTo(g, 1)
 }
 
 // Memory runs a warm-up, measures the heap after a forced GC (twice), runs

@@ -115,6 +115,7 @@ func RawRead(ctx context.Context, js jetstream.JetStream, timeout time.Duration)
 	if err != nil {
 		return 0, 0, err
 	}
+	defer eventlog.DropOrdered(js, cons)
 	it, err := cons.Messages(jetstream.PullMaxMessages(512))
 	if err != nil {
 		return 0, 0, err

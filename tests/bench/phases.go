@@ -538,7 +538,7 @@ func Replay(ctx context.Context, e Env, o ReplayOptions) (Result, error) {
 		Value:     ms(restart),
 		Reference: fmt.Sprintf("full rebuild of the same log: %s", ms(time.Duration(float64(total)/bestReplay*float64(time.Second)))),
 		Ratio:     ratio(float64(restart), float64(total)/bestReplay*float64(time.Second)),
-		Target:    target("≤ 1 s (issue 9 asks it with 1,000,000 events)", restart <= time.Second),
+		Target:    restartTarget(total, restart),
 	})
 	res.Notes = append(res.Notes, fmt.Sprintf("%s events (%s) from %d synthetic lifecycles of ten facts, written with the services' ids and headers; best of two rounds each; a full rebuild takes %s",
 		commas(int64(total)), bytesStr(float64(bytes)), o.Jobs, ms(time.Duration(float64(total)/bestReplay*float64(time.Second)))))
@@ -734,4 +734,15 @@ func restartFromSnapshot(ctx context.Context, js jetstream.JetStream, fl *events
 		return 0, 0, fmt.Errorf("restart: the restored fold holds %d jobs, the replay %d", len(r.fleet.Jobs), len(fl.Jobs))
 	}
 	return took, len(b), nil
+}
+
+// restartTarget judges the restart against issue 9's target, which is set
+// for a log of 1,000,000 events: a smaller run says how it did, not that
+// the target is met.
+func restartTarget(events int, took time.Duration) string {
+	const goal = "≤ 1 s with 1,000,000 events behind it"
+	if events >= 1_000_000 {
+		return target(goal, took <= time.Second)
+	}
+	return fmt.Sprintf("%s: not measured at that size here (make bench BENCH_FLAGS='-phases replay -replay-jobs 100000' does)", goal)
 }

@@ -389,3 +389,36 @@ func TestBookingOnAPoolLedgerWhoseFactsExpiredSucceeds(t *testing.T) {
 		t.Errorf("expecting seq %d on an empty ledger: %v, want ErrConflict", last, err)
 	}
 }
+
+// Given the log as EnsureStream makes it, when more consumers than the
+// server's default of 1,000 per stream are created (two per host: 500
+// hosts and the services), then every one is accepted; and a log made
+// before this setting (the server's default) gets it on the next start.
+func TestTheLogTakesMoreConsumersThanTheServersDefault(t *testing.T) {
+	js, _ := startWith(t, eventlog.StreamConfig{})
+	ctx := ctxFor(t)
+	s, err := js.Stream(ctx, events.StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 1010 {
+		if _, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: fmt.Sprintf("c-%d", i), AckPolicy: jetstream.AckExplicitPolicy, MemoryStorage: true}); err != nil {
+			t.Fatalf("consumer %d: %v", i+1, err)
+		}
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxConsumers = -1 // as a stream made by an older build is
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.MaxConsumers != eventlog.MaxConsumers {
+		t.Errorf("max consumers %d after EnsureStream, want %d", info.Config.MaxConsumers, eventlog.MaxConsumers)
+	}
+}

@@ -12,6 +12,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// MaxConsumers is how many consumers the log allows. Every host's agent
+// holds two (its durable consumer and the watch on its own host subject),
+// every service one, every `berth events -f` or `status --watch` one. The
+// server's default of 1,000 per stream stopped agents from starting past
+// about 495 hosts (found by the bench's 500-host scale run).
+const MaxConsumers = 10_000
+
 // StreamConfig is what Berth asks of its one stream.
 //
 // MaxAge, MaxBytes and MaxMsgs bound the log under limits retention: the
@@ -95,6 +102,9 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		MaxAge:      cfg.MaxAge,
 		MaxBytes:    unlimited(cfg.MaxBytes),
 		MaxMsgs:     unlimited(cfg.MaxMsgs),
+		// Set, or the server's default applies: 1,000 consumers per
+		// stream since nats-server 2.10 (-1 does not opt out of it).
+		MaxConsumers: MaxConsumers,
 	}
 	// Every service calls this at every start. Update only what differs:
 	// a stream update racing a consumer's creation is a data race inside
@@ -115,7 +125,8 @@ func sameStream(a, b jetstream.StreamConfig) bool {
 	return a.Description == b.Description && slices.Equal(a.Subjects, b.Subjects) && a.Storage == b.Storage &&
 		a.Replicas == b.Replicas && a.Duplicates == b.Duplicates && a.DenyDelete == b.DenyDelete &&
 		a.DenyPurge == b.DenyPurge && a.AllowDirect == b.AllowDirect && a.Retention == b.Retention &&
-		a.Discard == b.Discard && a.MaxAge == b.MaxAge && a.MaxBytes == b.MaxBytes && a.MaxMsgs == b.MaxMsgs
+		a.Discard == b.Discard && a.MaxAge == b.MaxAge && a.MaxBytes == b.MaxBytes && a.MaxMsgs == b.MaxMsgs &&
+		a.MaxConsumers == b.MaxConsumers
 }
 
 // ErrConflict is returned by Append when the aggregate's subject moved past

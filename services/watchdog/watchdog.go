@@ -38,6 +38,13 @@ type Watchdog struct {
 
 	fleet      *events.Fleet
 	heartbeats map[string]time.Time
+	// heardNew holds what the heartbeat watcher read since the last
+	// Decide, which merges it (hbMu guards it). Posting each heartbeat to
+	// the loop made every one a Decide: 500 hosts beating each second kept
+	// the loop so busy that the watcher fell 30 s behind and the watchdog
+	// declared live hosts lost (the bench's 500-host scale run).
+	hbMu     sync.Mutex
+	heardNew map[string]time.Time
 	// unheard is the last time the heartbeat bucket did not answer: no
 	// silence before it counts against a host (law 7).
 	unheard     time.Time
@@ -92,7 +99,7 @@ func New(js jetstream.JetStream, app *eventlog.Appender, p Params, now func() ti
 		logger = slog.Default()
 	}
 	return &Watchdog{Loop: &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Gap: DecideGap}, log: app, js: js, params: p,
-		now: now, logger: logger, fleet: events.NewFleet(), heartbeats: map[string]time.Time{}, pending: map[string]time.Time{}, pendingKey: map[string]string{}}
+		now: now, logger: logger, fleet: events.NewFleet(), heartbeats: map[string]time.Time{}, heardNew: map[string]time.Time{}, pending: map[string]time.Time{}, pendingKey: map[string]string{}}
 }
 
 // Run drives the watchdog until ctx ends.
@@ -148,8 +155,11 @@ func (w *Watchdog) Run(ctx context.Context) error {
 				if json.Unmarshal(e.Value(), &hb) != nil {
 					continue
 				}
-				host := e.Key()
-				w.Loop.Post(ctx, func() { w.heartbeats[host] = hb.At })
+				w.hbMu.Lock()
+				if hb.At.After(w.heardNew[e.Key()]) {
+					w.heardNew[e.Key()] = hb.At
+				}
+				w.hbMu.Unlock()
 			}
 		}
 	}()
@@ -215,6 +225,14 @@ func (w *Watchdog) probeHeartbeats(ctx context.Context, kv jetstream.KeyValue) {
 // heard is the heartbeats as Decide should judge them: a host's silence
 // counts only from the last time the bucket did not answer.
 func (w *Watchdog) heard(now time.Time) map[string]time.Time {
+	w.hbMu.Lock()
+	for host, at := range w.heardNew {
+		if at.After(w.heartbeats[host]) {
+			w.heartbeats[host] = at
+		}
+	}
+	clear(w.heardNew)
+	w.hbMu.Unlock()
 	if w.unheard.IsZero() || now.Sub(w.unheard) > w.params.HostTTL {
 		return w.heartbeats
 	}

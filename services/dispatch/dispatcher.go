@@ -37,10 +37,22 @@ type MintRequest struct {
 	Org, Repo  string // the job's repository, for repo-scoped runners
 }
 
+// DefaultMintConcurrency is how many JIT-config calls may be in flight
+// at once by default.
+const DefaultMintConcurrency = 4
+
 // Options configure a Dispatcher.
 type Options struct {
 	Params      Params
 	MintTimeout time.Duration
+	// MintConcurrency bounds the JIT-config calls in flight; 0 means
+	// DefaultMintConcurrency. A booking whose mint finds every place taken
+	// waits for a later round. GitHub asks for mutating calls one at a
+	// time ("Best practices for using the REST API"); unbounded, 10,000
+	// bookings at once sent 10,000 calls together, they timed out, and
+	// every retry met 409 for the name the lost answer had registered
+	// (the bench's 500-host scale run).
+	MintConcurrency int
 	// Retention bounds how long terminal jobs and attempts stay in the
 	// fold (law 5); 0 means 72 h.
 	Retention time.Duration
@@ -71,6 +83,7 @@ type Dispatcher struct {
 
 	fleet        *events.Fleet
 	pending      map[string]time.Time // event or mint ids in flight → when
+	minting      chan struct{}        // one token per JIT-config call in flight
 	lastCompact  time.Time
 	warnedUntil  time.Time
 	lastObserve  time.Time
@@ -93,6 +106,9 @@ func New(loop *eventlog.Loop, app *eventlog.Appender, m Minter, opts Options, me
 	if opts.MintTimeout == 0 {
 		opts.MintTimeout = 10 * time.Second
 	}
+	if opts.MintConcurrency <= 0 {
+		opts.MintConcurrency = DefaultMintConcurrency
+	}
 	if opts.Params.MaxAttempts == 0 {
 		opts.Params.MaxAttempts = DefaultMaxAttempts
 	}
@@ -106,6 +122,7 @@ func New(loop *eventlog.Loop, app *eventlog.Appender, m Minter, opts Options, me
 	pub, _ := kp.PublicKey()
 	return &Dispatcher{Loop: loop, log: app, minter: m, opts: opts, curve: kp, curvePub: pub,
 		metrics: metrics, fleet: events.NewFleet(), pending: map[string]time.Time{}, busy: map[string]time.Time{},
+		minting:     make(chan struct{}, opts.MintConcurrency),
 		redelivered: map[string]time.Time{}, started: opts.Now()}, nil
 }
 
@@ -376,6 +393,11 @@ func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt)
 	if host == nil || host.CurveKey == "" || job == nil {
 		return
 	}
+	select {
+	case d.minting <- struct{}{}:
+	default:
+		return // every call in flight: a later round mints it
+	}
 	d.pending[key] = now
 	req := MintRequest{RunnerName: a.ID, Labels: a.Labels, Org: job.Org, Repo: job.Repo}
 	ref := events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}
@@ -384,6 +406,7 @@ func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt)
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
+		defer func() { <-d.minting }()
 		mctx, cancel := context.WithTimeout(ctx, d.opts.MintTimeout)
 		defer cancel()
 		start := time.Now()

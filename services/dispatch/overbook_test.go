@@ -3,6 +3,7 @@ package dispatch_test
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -119,5 +120,75 @@ func TestTheDispatcherMintsForItsBookingInTheSameRound(t *testing.T) {
 	}
 	if n := in.stream(t, events.PoolSubject("linux")).State.Msgs; n != 1 {
 		t.Errorf("%d facts on the linux ledger, want the 1 booking", n)
+	}
+}
+
+// blockingMinter holds every Mint until release is closed, counting the
+// calls in flight and the most seen at once.
+type blockingMinter struct {
+	countingMinter
+	release           chan struct{}
+	inFlight, maxSeen atomic.Int64
+	minted            atomic.Int64
+}
+
+func (m *blockingMinter) Mint(ctx context.Context, r dispatch.MintRequest) (int64, string, error) {
+	n := m.inFlight.Add(1)
+	for seen := m.maxSeen.Load(); n > seen && !m.maxSeen.CompareAndSwap(seen, n); seen = m.maxSeen.Load() {
+	}
+	defer m.inFlight.Add(-1)
+	select {
+	case <-m.release:
+	case <-ctx.Done():
+		return 0, "", ctx.Err()
+	}
+	m.minted.Add(1)
+	return m.countingMinter.Mint(ctx, r)
+}
+
+// Given 12 queued jobs, 12 free slots and a GitHub that answers slowly,
+// when the dispatcher decides, then at most MintConcurrency JIT-config
+// calls are in flight at once (GitHub asks for mutating calls one at a
+// time; unbounded, 10,000 at once timed out and their retries met 409),
+// and the bookings left waiting are minted by later rounds.
+func TestJITConfigCallsInFlightAreBounded(t *testing.T) {
+	in := newIntake(t)
+	m := &blockingMinter{release: make(chan struct{})}
+	d, err := dispatch.New(&eventlog.Loop{JS: in.js}, &eventlog.Appender{JS: in.js, Source: "test"}, m,
+		dispatch.Options{Logger: slog.New(slog.DiscardHandler), MintConcurrency: 3}, dispatch.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := []events.Payload{host("h-a", 12, 12)}
+	for j := int64(1); j <= 12; j++ {
+		ps = append(ps, queued(j))
+	}
+	for i, p := range ps {
+		e := events.New("test", time.Now(), p)
+		e.Seq = uint64(i + 1)
+		d.Apply(eventlog.Delivered{Event: e})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d.Decide(ctx) // books all 12, starts what the bound allows
+	deadline := time.Now().Add(5 * time.Second)
+	for m.inFlight.Load() < 3 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	d.Decide(ctx) // a second round while the first calls hang
+	time.Sleep(50 * time.Millisecond)
+	if n := m.maxSeen.Load(); n != 3 {
+		t.Fatalf("%d JIT-config calls in flight at most, want 3 (the bound)", n)
+	}
+	close(m.release)
+	for time.Now().Before(deadline) && m.minted.Load() < 12 {
+		d.Decide(ctx) // later rounds mint the rest
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := m.minted.Load(); n != 12 {
+		t.Errorf("%d of 12 bookings minted after the calls returned", n)
+	}
+	if n := m.maxSeen.Load(); n > 3 {
+		t.Errorf("%d JIT-config calls in flight at most, want at most 3", n)
 	}
 }

@@ -38,6 +38,7 @@ type sizes struct {
 	memWarmup, memJobs             int
 	replayJobs                     int
 	scaleHosts, scaleJobs          int
+	scaleLinux, scaleMac           int
 	scaleDuration                  time.Duration
 	warmJobs, warmHosts, warmVMs   int
 	warmRate                       float64
@@ -101,7 +102,9 @@ func main() {
 	flag.IntVar(&s.memWarmup, "memory-warmup", s.memWarmup, "memory: warm-up jobs")
 	flag.IntVar(&s.memJobs, "memory-jobs", s.memJobs, "memory: measured jobs")
 	flag.IntVar(&s.replayJobs, "replay-jobs", s.replayJobs, "replay: synthetic job lifecycles (ten facts each)")
-	flag.IntVar(&s.scaleHosts, "scale-hosts", s.scaleHosts, "scale: hosts (4 linux + 2 macos slots each)")
+	flag.IntVar(&s.scaleHosts, "scale-hosts", s.scaleHosts, "scale: hosts")
+	flag.IntVar(&s.scaleLinux, "scale-linux-slots", 4, "scale: linux slots per host")
+	flag.IntVar(&s.scaleMac, "scale-mac-slots", 2, "scale: macos slots per host")
 	flag.IntVar(&s.scaleJobs, "scale-jobs", s.scaleJobs, "scale: jobs, all enqueued at once")
 	flag.DurationVar(&s.scaleDuration, "scale-duration", s.scaleDuration, "scale: each job's duration")
 	flag.IntVar(&s.warmJobs, "warm-jobs", s.warmJobs, "time to runner: linux jobs")
@@ -133,7 +136,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	env := bench.Env{Fixtures: fixtures, Seed: seed, Timeout: s.phaseTimeout, Stall: s.stall, BareLabel: bareLabel,
+	env := bench.Env{Fixtures: fixtures, Seed: seed, Timeout: s.phaseTimeout, Stall: s.stall, BareLabel: bareLabel, Unloaded: &bench.Unloaded{},
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})),
 		Progress: func(format string, args ...any) {
 			fmt.Printf("[%s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
@@ -170,8 +173,9 @@ func main() {
 		{"warm", fmt.Sprintf("time to runner %d jobs at %.0f/s on %d hosts, %d warm VMs, boot %s", s.warmJobs, s.warmRate, s.warmHosts, s.warmVMs, s.warmBoot), func() (bench.Result, error) {
 			return bench.TimeToRunner(ctx, env, bench.WarmOptions{Jobs: s.warmJobs, Hosts: s.warmHosts, Warm: s.warmVMs, Rate: s.warmRate, Boot: s.warmBoot})
 		}},
-		{"scale", fmt.Sprintf("scale %d jobs of %s on %d hosts", s.scaleJobs, s.scaleDuration, s.scaleHosts), func() (bench.Result, error) {
-			return bench.Scale(ctx, env, bench.ScaleOptions{Hosts: s.scaleHosts, Jobs: s.scaleJobs, Duration: s.scaleDuration})
+		{"scale", fmt.Sprintf("scale %d jobs of %s on %d hosts of %d linux + %d macos slots", s.scaleJobs, s.scaleDuration, s.scaleHosts, s.scaleLinux, s.scaleMac), func() (bench.Result, error) {
+			return bench.Scale(ctx, env, bench.ScaleOptions{Hosts: s.scaleHosts, Jobs: s.scaleJobs, Duration: s.scaleDuration,
+				LinuxSlots: s.scaleLinux, MacSlots: s.scaleMac})
 		}},
 	}
 	m := bench.Describe(root)

@@ -21,7 +21,7 @@ test: tools
 	@echo "== 3 dispatchers, 1,000 jobs at once (without the race detector, which slows it tenfold)"
 	$(GO) test -count=1 -timeout 15m -run 'TestThreeDispatchersNeverOverbook' ./tests/e2e/
 
-## bench: the full bench suite (issue 9), about 4 minutes on 2 cores: prints a table and appends a
+## bench: the full bench suite (issue 9), about 3 minutes on 2 cores: prints a table and appends a
 ## dated section to BENCHMARKS.md (BENCH_FLAGS=-no-write to only print; -h lists sizes)
 bench:
 	@mkdir -p $(BIN)

@@ -57,6 +57,10 @@ func TestARunnerThatNeverRegistersIsStoppedOnceAndItsJobPlacedAgain(t *testing.T
 func TestACreateThatOverrunsItsDeadlineIsStoppedOnceAndItsJobPlacedAgain(t *testing.T) {
 	w := start(t, func(c *config.Config) { c.Agents[0].Backend.Exec.CreateTimeout = time.Second })
 	w.fault("host-a", "create-hang", "berth-*-1")
+	// The stop takes a second: a release that waited for it would come
+	// after it. (With an instant stop the two facts raced, and CI once
+	// saw the stop stored first.)
+	w.fault("host-a", "stop-slow", "berth-*-1 1")
 
 	j := w.enqueue(linuxLabels, 200*time.Millisecond)
 	a1, a2 := events.AttemptID(j, 1), events.AttemptID(j, 2)

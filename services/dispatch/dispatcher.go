@@ -237,7 +237,6 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 			conflicted[c.Pool] = true // re-read the ledger, decide again
 		}
 	}
-	booked := false
 	for _, r := range plan.Reserve {
 		if conflicted[r.Pool] {
 			continue
@@ -245,15 +244,15 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 		if err := d.appendPool(ctx, now, r, r.Pool); errors.Is(err, eventlog.ErrConflict) {
 			conflicted[r.Pool] = true // re-read the ledger, decide again
 		} else if err == nil {
-			booked = true
 			crashpoint.Hit(crashpoint.DispatcherAfterReserve)
+			// Stored and folded (foldOwn): mint for it in this round rather
+			// than when it comes back through the consumer, a hop on every
+			// job's path to its runner. A duplicate another replica stored
+			// is not in the fold, and a warm VM is booted, not minted for.
+			if a := d.fleet.Attempts[r.Attempt]; a != nil && a.Held() && !a.Placed && !a.Warm {
+				plan.Mint = append(plan.Mint, a)
+			}
 		}
-	}
-	if booked {
-		// The bookings just stored are in the fold already (foldOwn): mint
-		// for them in this round rather than when they come back through
-		// the consumer, a hop on every job's path to its runner.
-		plan.Mint = Decide(d.fleet, params).Mint
 	}
 	for _, pl := range plan.Place {
 		d.append(ctx, now, pl, nil) // boots a warm VM: nothing minted, nothing asked of GitHub

@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"slices"
 	"sort"
 	"time"
 
@@ -55,17 +56,7 @@ func (w WarmPool) Target(now time.Time) int {
 }
 
 func (win WarmWindow) open(day time.Weekday, minute int) bool {
-	on := func(d time.Weekday) bool {
-		if len(win.Days) == 0 {
-			return true
-		}
-		for _, x := range win.Days {
-			if x == d {
-				return true
-			}
-		}
-		return false
-	}
+	on := func(d time.Weekday) bool { return len(win.Days) == 0 || slices.Contains(win.Days, d) }
 	if win.From < win.To {
 		return on(day) && minute >= win.From && minute < win.To
 	}

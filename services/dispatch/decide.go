@@ -66,6 +66,14 @@ type Params struct {
 	// Warm is each pool's warm target (issue 8); a pool without one keeps
 	// no warm VM.
 	Warm map[string]WarmPool
+	// MaxUnminted caps, per pool, the booked attempts that wait for their
+	// JIT config; 0 or less means no cap (the dispatcher makes 0
+	// UnmintedPerCall × MintConcurrency; give -1 there for none). The provisioning deadline runs from the
+	// booking, so bookings made faster than the JIT-config calls can follow
+	// would expire in the queue and be booked again (10,000 jobs at once on
+	// 500 hosts did): the rest of the backlog stays demand until a
+	// placement frees room, oldest first as always.
+	MaxUnminted int
 }
 
 // Expired names the deadline a placed, unbound attempt has passed
@@ -117,6 +125,7 @@ func Decide(f *events.Fleet, p Params) Plan {
 	warm := map[string][]*events.Attempt{} // free warm VMs per pool: booting or idle, no job claimed
 	ownUnbound := map[int64]bool{}
 	expiring := map[string]bool{} // past a deadline, deregistration planned
+	unminted := map[string]int{}  // booked or claimed, no JIT config yet
 	for _, a := range sortedAttempts(f) {
 		bound := f.BoundJob(a.ID)
 		switch {
@@ -161,6 +170,9 @@ func Decide(f *events.Fleet, p Params) Plan {
 				plan.Mint = append(plan.Mint, a)
 			case !a.Warm && !a.Placed:
 				plan.Mint = append(plan.Mint, a)
+			}
+			if (a.Warm && a.Claimed && !a.Assigned) || (!a.Warm && !a.Placed) {
+				unminted[a.Pool]++
 			}
 		case a.Released && a.Placed && !a.TeardownReq && !a.Stopped:
 			plan.Teardown = append(plan.Teardown, teardown(a, a.ReleaseReason))
@@ -219,6 +231,9 @@ func Decide(f *events.Fleet, p Params) Plan {
 			}
 		}
 		for oldest := oldestFirst(waiting); need > 0 && oldest.Len() > 0; {
+			if p.MaxUnminted > 0 && unminted[pool] >= p.MaxUnminted {
+				break // the JIT-config calls are behind: the rest waits as demand
+			}
 			j := oldest.next()
 			if j.FailedAttempts >= p.MaxAttempts {
 				plan.Unschedulable = append(plan.Unschedulable, events.JobUnschedulable{
@@ -234,6 +249,7 @@ func Decide(f *events.Fleet, p Params) Plan {
 				a := free[0]
 				free = free[1:]
 				plan.Claim = append(plan.Claim, events.AttemptClaimed{Pool: pool, Host: a.Host, Attempt: a.ID, JobID: j.ID})
+				unminted[pool]++
 				need--
 				continue
 			}
@@ -246,6 +262,7 @@ func Decide(f *events.Fleet, p Params) Plan {
 			n := j.Minted + 1
 			plan.Reserve = append(plan.Reserve, events.SlotReserved{
 				Pool: pool, Host: host, Attempt: events.AttemptID(j.ID, n), JobID: j.ID, N: n, Labels: labels[pool]})
+			unminted[pool]++
 			need--
 		}
 	}

@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"reflect"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -423,4 +424,50 @@ func TestAppliedPlanIsNeverBookedTwice(t *testing.T) {
 		l.apply(plan)
 	}
 	t.Fatal("Decide did not settle within 10 rounds")
+}
+
+// Given 20 queued jobs, 20 free slots and a cap of 8 bookings waiting for
+// their JIT config, when the dispatcher decides, then it books the 8
+// oldest jobs and leaves the rest as demand; when 5 of those are placed,
+// then the next round books the 5 next oldest. (10,000 jobs at once on 500
+// hosts booked every slot at once; the JIT-config calls could not follow,
+// and bookings expired at the provisioning deadline in the queue.)
+func TestBookingsWaitingForAJITConfigAreCapped(t *testing.T) {
+	l := given(t).add(host("h-a", 20, 20))
+	for job := int64(1); job <= 20; job++ {
+		l.add(queued(job))
+	}
+	capped := params
+	capped.MaxUnminted = 8
+	jobsOf := func(rs []events.SlotReserved) []int64 {
+		var out []int64
+		for _, r := range rs {
+			out = append(out, r.JobID)
+		}
+		slices.Sort(out)
+		return out
+	}
+
+	plan := dispatch.Decide(l.f, capped)
+	if got, want := jobsOf(plan.Reserve), []int64{1, 2, 3, 4, 5, 6, 7, 8}; !slices.Equal(got, want) {
+		t.Fatalf("booked jobs %v, want the 8 oldest %v", got, want)
+	}
+	if len(plan.Mint) != 0 {
+		t.Fatalf("minting %d attempts before any booking is stored", len(plan.Mint))
+	}
+	l.apply(plan)
+	if plan := dispatch.Decide(l.f, capped); len(plan.Reserve) != 0 || len(plan.Mint) != 8 {
+		t.Fatalf("with 8 bookings unminted: %d more booked, %d to mint; want 0 and 8", len(plan.Reserve), len(plan.Mint))
+	}
+	for job := int64(1); job <= 5; job++ {
+		l.add(&events.AttemptPlaced{AttemptRef: aref(job, 1, "h-a"), JobID: job, Labels: linux})
+	}
+	plan = dispatch.Decide(l.f, capped)
+	if got, want := jobsOf(plan.Reserve), []int64{9, 10, 11, 12, 13}; !slices.Equal(got, want) {
+		t.Fatalf("after 5 placements booked %v, want %v", got, want)
+	}
+	// And without a cap every free slot is booked at once.
+	if plan := dispatch.Decide(l.f, params); len(plan.Reserve) != 12 {
+		t.Fatalf("uncapped: %d booked, want the 12 waiting jobs", len(plan.Reserve))
+	}
 }

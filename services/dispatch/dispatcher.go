@@ -41,6 +41,10 @@ type MintRequest struct {
 // at once by default.
 const DefaultMintConcurrency = 4
 
+// UnmintedPerCall sets the default Params.MaxUnminted: this many bookings
+// per pool wait for each JIT-config call in flight (64 at the default 4).
+const UnmintedPerCall = 16
+
 // Options configure a Dispatcher.
 type Options struct {
 	Params      Params
@@ -84,6 +88,7 @@ type Dispatcher struct {
 	fleet        *events.Fleet
 	pending      map[string]time.Time // event or mint ids in flight → when
 	minting      chan struct{}        // one token per JIT-config call in flight
+	minted       sync.Map             // attempt id → mintedPlacement, until the fold shows it
 	lastCompact  time.Time
 	warnedUntil  time.Time
 	lastObserve  time.Time
@@ -108,6 +113,11 @@ func New(loop *eventlog.Loop, app *eventlog.Appender, m Minter, opts Options, me
 	}
 	if opts.MintConcurrency <= 0 {
 		opts.MintConcurrency = DefaultMintConcurrency
+	}
+	if opts.Params.MaxUnminted == 0 {
+		// Enough bookings queued to keep every call busy, few enough that
+		// each is minted well inside the provisioning deadline.
+		opts.Params.MaxUnminted = UnmintedPerCall * opts.MintConcurrency
 	}
 	if opts.Params.MaxAttempts == 0 {
 		opts.Params.MaxAttempts = DefaultMaxAttempts
@@ -285,6 +295,7 @@ func (d *Dispatcher) housekeep(now time.Time) {
 	}
 	d.lastCompact = now
 	d.fleet.Compact(now, d.opts.Retention)
+	d.forgetMinted()
 	for id, at := range d.pending {
 		if now.Sub(at) >= pendingFor {
 			delete(d.pending, id)
@@ -383,6 +394,13 @@ func poolOf(p events.Payload) string {
 // (law 3), seals it to the host's curve key and appends the placement. A
 // refusal releases the slot so the job is booked again with a fresh attempt.
 func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt) {
+	if _, ok := d.minted.Load(a.ID); ok {
+		// GitHub answered already: never ask twice for one runner name (a
+		// second call meets 409). The placement waits on the loop, or its
+		// append failed and is tried again here.
+		d.place(ctx, a.ID)
+		return
+	}
 	key := a.ID + "/mint"
 	if d.inFlight(key, now) {
 		return
@@ -453,22 +471,60 @@ func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt)
 		}
 		// Place from the loop, against the fold as it is now: a slot
 		// released while GitHub was answering gets no VM (law 1).
-		d.Loop.Post(ctx, func() {
-			if a := d.fleet.Attempts[ref.Attempt]; a == nil || !a.Held() {
-				logger.Info("slot released while minting; not placing (GitHub drops the unused JIT runner after a day)")
-				return
-			}
-			if err := d.append(ctx, d.opts.Now(), placed, nil); err != nil {
-				logger.Warn("placement append failed; will mint again", "err", err)
-				return
-			}
-			if warm {
-				logger.Info("JIT config handed to a warm VM")
-			} else {
-				logger.Info("attempt placed")
-			}
-		})
+		d.minted.Store(ref.Attempt, mintedPlacement{fact: placed})
+		d.Loop.Post(ctx, func() { d.place(ctx, ref.Attempt) })
 	}()
+}
+
+// mintedPlacement is a placement GitHub's answer produced, kept until the
+// fold shows it: a runner name is minted once (a second call meets 409).
+type mintedPlacement struct {
+	fact   events.Payload // AttemptPlaced, or AttemptAssigned for a warm VM
+	stored bool           // appended; the fold learns it from the consumer
+}
+
+// place appends the placement a mint produced, on the loop. A failed append
+// is tried again by the next round instead of minting again.
+func (d *Dispatcher) place(ctx context.Context, attempt string) {
+	v, ok := d.minted.Load(attempt)
+	if !ok || v.(mintedPlacement).stored {
+		return
+	}
+	m := v.(mintedPlacement)
+	_, warm := m.fact.(events.AttemptAssigned)
+	a := d.fleet.Attempts[attempt]
+	switch {
+	case a == nil || !a.Held():
+		d.minted.Delete(attempt)
+		d.opts.Logger.Info("slot released while minting; not placing (GitHub drops the unused JIT runner after a day)", "attempt", attempt)
+		return
+	case (!warm && a.Placed) || (warm && a.Assigned):
+		d.minted.Delete(attempt) // another replica's placement is stored
+		return
+	}
+	logger := d.opts.Logger.With("attempt", a.ID, "pool", a.Pool, "host", a.Host, "job", a.JobID)
+	if err := d.append(ctx, d.opts.Now(), m.fact, nil); err != nil {
+		logger.Warn("placement append failed; the next round appends it again", "err", err)
+		return
+	}
+	d.minted.Store(attempt, mintedPlacement{fact: m.fact, stored: true})
+	if warm {
+		logger.Info("JIT config handed to a warm VM")
+	} else {
+		logger.Info("attempt placed")
+	}
+}
+
+// forgetMinted drops minted placements the fold now shows, or whose slot
+// is gone.
+func (d *Dispatcher) forgetMinted() {
+	d.minted.Range(func(k, v any) bool {
+		_, warm := v.(mintedPlacement).fact.(events.AttemptAssigned)
+		if a := d.fleet.Attempts[k.(string)]; a == nil || !a.Held() || (!warm && a.Placed) || (warm && a.Assigned) {
+			d.minted.Delete(k)
+		}
+		return true
+	})
 }
 
 // reconcile asks GitHub, off the loop and one call at a time, about jobs

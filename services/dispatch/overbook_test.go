@@ -10,6 +10,7 @@ import (
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/dispatch"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -190,5 +191,66 @@ func TestJITConfigCallsInFlightAreBounded(t *testing.T) {
 	}
 	if n := m.maxSeen.Load(); n > 3 {
 		t.Errorf("%d JIT-config calls in flight at most, want at most 3", n)
+	}
+}
+
+// Given a booking whose JIT config GitHub has returned, while its placement
+// waits on a loop too busy to run it (the 500-host scale run), when later
+// rounds decide, past the time a mint is trusted to be in flight, then the
+// runner is not minted again (GitHub answers a second call for the name
+// with 409, and those retries used up the API budget) and a round stores
+// the placement the first call produced.
+func TestAMintWhosePlacementWaitsIsNeverMintedTwice(t *testing.T) {
+	in := newIntake(t)
+	m := &mintRecorder{names: make(chan string, 4)}
+	var clock atomic.Pointer[time.Time]
+	t0 := time.Now()
+	clock.Store(&t0)
+	// The loop never runs: what the mint posts to it waits forever.
+	d, err := dispatch.New(&eventlog.Loop{JS: in.js}, &eventlog.Appender{JS: in.js, Source: "test"}, m,
+		dispatch.Options{Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return *clock.Load() }},
+		dispatch.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := host("h-a", 1, 1)
+	h.CurveKey, _ = kp.PublicKey() // the placement is sealed to it
+	for i, p := range []events.Payload{h, queued(1)} {
+		e := events.New("test", t0, p)
+		e.Seq = uint64(i + 1)
+		d.Apply(eventlog.Delivered{Event: e})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d.Decide(ctx)
+	select {
+	case <-m.names:
+	case <-ctx.Done():
+		t.Fatal("no JIT config minted for the booking")
+	}
+	placements := func() uint64 {
+		return in.stream(t, events.AttemptSubject("h-a", attempt(1, 1))).State.Subjects[events.AttemptSubject("h-a", attempt(1, 1))]
+	}
+	for deadline := time.Now().Add(5 * time.Second); placements() == 0 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		later := clock.Load().Add(3 * time.Second) // past the 10 s in-flight mark within a few rounds
+		clock.Store(&later)
+		d.Decide(ctx)
+	}
+	if placements() == 0 {
+		t.Fatal("the minted placement was not stored by a later round")
+	}
+	for range 5 {
+		later := clock.Load().Add(11 * time.Second)
+		clock.Store(&later)
+		d.Decide(ctx)
+	}
+	select {
+	case name := <-m.names:
+		t.Fatalf("%s minted a second time", name)
+	case <-time.After(100 * time.Millisecond):
 	}
 }

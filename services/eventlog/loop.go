@@ -173,6 +173,12 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 			return err
 		case fn := <-l.inbox:
 			fn()
+			// Run what else is posted before deciding: under load the mint
+			// calls' answers queue here, and a Decide after each one would
+			// walk the live fleet once per placement.
+			for n := len(l.inbox); n > 0; n-- {
+				(<-l.inbox)()
+			}
 			decide = true
 		case <-gapC:
 			gapC = nil

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"github.com/nats-io/nats.go/jetstream"
@@ -157,7 +156,14 @@ func Throughput(ctx context.Context, e Env, o ThroughputOptions) (Result, error)
 			return res, err
 		}
 	}
-	run, err := e.drive(ctx, "throughput", f, specs, feed{}, settled(o.Jobs))
+	fd := feed{}
+	if o.Jobs > throughputBacklog {
+		// A long run grows the history, not the queue: at most this many
+		// jobs wait or run at once, so flatness measures the cost of what
+		// the folds keep.
+		fd.limit = throughputBacklog
+	}
+	run, err := e.drive(ctx, "throughput", f, specs, fd, settled(o.Jobs))
 	if o.CPUProfile != "" {
 		pprof.StopCPUProfile()
 	}
@@ -185,6 +191,7 @@ func Throughput(ctx context.Context, e Env, o ThroughputOptions) (Result, error)
 			Value:     num(jobsPerSec) + " jobs/s",
 			Reference: fmt.Sprintf("JetStream async publish %s msg/s ÷ %.1f facts/job = %s jobs/s", num(raw), perJob, num(bound)),
 			Ratio:     ratio(jobsPerSec, bound), Target: target("≥ 2,000 jobs/s", jobsPerSec >= 2000)},
+		flatness(run, o.Jobs),
 		Row{Figure: "Events one job costs (facts in the log per job)", Value: fmt.Sprintf("%.2f facts, %d B each on average", perJob, size),
 			Reference: "10 facts in a clean lifecycle", Ratio: ratio(perJob, 10)},
 		Row{Figure: "Log appends/s during the throughput run (all writers)", Value: num(rate(facts, elapsed)) + " facts/s",
@@ -216,6 +223,38 @@ func Throughput(ctx context.Context, e Env, o ThroughputOptions) (Result, error)
 		res.Notes = append(res.Notes, "measured with the CPU profiler on (see the profile below)")
 	}
 	return res, nil
+}
+
+// throughputBacklog caps the unfinished jobs of a throughput run longer
+// than it.
+const throughputBacklog = 2000
+
+// flatness compares the lifecycle rate of the last tenth of a run with the
+// first tenth's (issue 9: within 10% over 100,000 jobs).
+func flatness(run runOut, jobs int) Row {
+	var ends []time.Time
+	for _, j := range run.tl.Jobs {
+		if !j.Released.IsZero() {
+			ends = append(ends, j.Released)
+		}
+	}
+	row := Row{Figure: "Throughput: the last tenth of the run against the first (lifecycles/s)"}
+	tenth := len(ends) / 10
+	if tenth < 2 {
+		row.Value = "too few jobs"
+		return row
+	}
+	sort.Slice(ends, func(i, k int) bool { return ends[i].Before(ends[k]) })
+	first := rate(float64(tenth), ends[tenth-1].Sub(run.start))
+	last := rate(float64(tenth), ends[len(ends)-1].Sub(ends[len(ends)-1-tenth]))
+	row.Value, row.Reference, row.Ratio = num(last)+" jobs/s", "first tenth: "+num(first)+" jobs/s", ratio(last, first)
+	const goal = "flat: the last tenth within 10% of the first over 100,000 jobs"
+	if jobs >= 100_000 {
+		row.Target = target(goal, last >= 0.9*first)
+	} else {
+		row.Target = goal + ": not measured at that size here (BENCH_FLAGS='-phases throughput -throughput-jobs 100000')"
+	}
+	return row
 }
 
 // LatencyOptions size the dispatch-latency phase.
@@ -558,81 +597,6 @@ func Replay(ctx context.Context, e Env, o ReplayOptions) (Result, error) {
 	return res, nil
 }
 
-// ScaleOptions size the scale phase.
-type ScaleOptions struct {
-	Hosts, Jobs int
-	Duration    time.Duration
-	// LinuxSlots and MacSlots per host; 0 means 4 and 2.
-	LinuxSlots, MacSlots int
-}
-
-// Scale enqueues many jobs of a fixed duration at once across many hosts
-// (4 linux and 2 macos slots each) and compares the concurrency reached and
-// the makespan with what the slots allow.
-func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
-	res := Result{Phase: "scale"}
-	o.LinuxSlots, o.MacSlots = cmp.Or(o.LinuxSlots, 4), cmp.Or(o.MacSlots, 2)
-	f, err := e.fleet(ctx, FleetOptions{Hosts: o.Hosts, LinuxSlots: o.LinuxSlots, MacSlots: o.MacSlots})
-	if err != nil {
-		return res, err
-	}
-	defer f.Close()
-	specs := Workload(o.Jobs, e.Seed+3, 0.3, o.Duration, o.Duration, e.BareLabel)
-	e.say("scale: %d jobs of %s at once on %d hosts (%d linux + %d macos slots)", o.Jobs, o.Duration, o.Hosts, o.LinuxSlots*o.Hosts, o.MacSlots*o.Hosts)
-	run, err := e.drive(ctx, "scale", f, specs, feed{}, settled(o.Jobs))
-	if err != nil {
-		return res, err
-	}
-	pools := map[string][]string{"linux": LinuxLabels, "macos": MacLabels}
-	perPool := map[string]int{}
-	for _, s := range specs {
-		perPool[events.MatchPool(s.Labels, pools)]++
-	}
-	waves := math.Max(math.Ceil(float64(perPool["linux"])/float64(o.LinuxSlots*o.Hosts)), math.Ceil(float64(perPool["macos"])/float64(o.MacSlots*o.Hosts)))
-	ideal := time.Duration(waves) * o.Duration
-	type edge struct {
-		at time.Time
-		d  int
-	}
-	var edges []edge
-	var q2s []time.Duration
-	var end time.Time
-	for _, j := range f.Sim.Jobs() {
-		if j.StartedAt.IsZero() || j.CompletedAt.IsZero() {
-			continue
-		}
-		edges = append(edges, edge{j.StartedAt, +1}, edge{j.CompletedAt, -1})
-		q2s = append(q2s, j.StartedAt.Sub(j.QueuedAt))
-		if j.CompletedAt.After(end) {
-			end = j.CompletedAt
-		}
-	}
-	sort.Slice(edges, func(i, k int) bool {
-		if !edges[i].at.Equal(edges[k].at) {
-			return edges[i].at.Before(edges[k].at)
-		}
-		return edges[i].d < edges[k].d
-	})
-	peak, cur := 0, 0
-	for _, x := range edges {
-		cur += x.d
-		peak = max(peak, cur)
-	}
-	slots := (o.LinuxSlots + o.MacSlots) * o.Hosts
-	makespan := end.Sub(run.start)
-	res.Rows = append(res.Rows,
-		Row{Figure: fmt.Sprintf("Scale: peak concurrent jobs, %d jobs of %s on %d hosts", o.Jobs, o.Duration, o.Hosts),
-			Value: fmt.Sprint(peak), Reference: fmt.Sprintf("%d slots offered", slots), Ratio: ratio(float64(peak), float64(slots)), Target: "—"},
-		Row{Figure: "Scale: makespan (first enqueue → last job completed)", Value: ms(makespan),
-			Reference: fmt.Sprintf("%.0f waves of %s the slots allow: %s", waves, o.Duration, ms(ideal)), Ratio: ratio(float64(makespan), float64(ideal)), Target: "—"},
-		Row{Figure: "Scale: queued → a runner took the job", Value: pq(Summarize(q2s)), Target: "—"},
-		e.scaleLatency(Summarize(run.tl.PlaceLatency()), o, peak),
-	)
-	res.Notes = append(res.Notes, fmt.Sprintf("%d linux and %d macos jobs by label match; %.2f facts per job; runner failures %d",
-		perPool["linux"], perPool["macos"], float64(run.last-run.base)/float64(o.Jobs), f.RunnerFailures()))
-	return res, nil
-}
-
 // diagnose describes the jobs the simulator has not completed as the
 // simulator and the dispatcher's fold see them, for a stalled phase.
 func diagnose(ctx context.Context, f *Fleet) string {
@@ -672,7 +636,12 @@ func diagnose(ctx context.Context, f *Fleet) string {
 			fmt.Fprintf(&b, "\n  pool %s: held %d of %d, pending demand %d, waiting for slot %d", p.Name, p.Held, p.Capacity, p.PendingDemand, p.WaitingForSlot)
 		}
 	})
-	for _, r := range f.Sim.Runners() {
+	runners := f.Sim.Runners()
+	for i, r := range runners {
+		if i == 20 {
+			fmt.Fprintf(&b, "\n  … and %d more sim runners", len(runners)-i)
+			break
+		}
 		fmt.Fprintf(&b, "\n  sim runner %s %v: %s busy %v job %d", r.Name, r.Labels, r.Status, r.Busy, r.JobID)
 	}
 	return b.String()
@@ -761,29 +730,4 @@ func restartTarget(events int, took time.Duration) string {
 		return target(goal, took <= time.Second)
 	}
 	return fmt.Sprintf("%s: not measured at that size here (make bench BENCH_FLAGS='-phases replay -replay-jobs 100000' does)", goal)
-}
-
-// scaleLatency compares dispatch latency under the scale load with the
-// unloaded figure of the same run (issue 9: p99 within 2× of it, with
-// 10,000 concurrent jobs on 500 hosts). Jobs that waited for a slot are
-// not that figure, and the row says so.
-func (e Env) scaleLatency(d Dist, o ScaleOptions, peak int) Row {
-	row := Row{Figure: fmt.Sprintf("Scale: dispatch latency (webhook accepted → placement stored), %d jobs at once on %d hosts", o.Jobs, o.Hosts),
-		Value: pq(d), Reference: "no unloaded figure in this run (run the latency phase too)"}
-	if u := e.Unloaded; u != nil && u.Rate > 0 {
-		row.Reference = fmt.Sprintf("unloaded, %d jobs/s in the latency phase: %s", u.Rate, pq(u.Dist))
-		row.Ratio = "p99 " + ratio(float64(d.P99), float64(u.Dist.P99))
-	}
-	const goal = "p99 ≤ 2× unloaded with 10,000 concurrent jobs on 500 hosts"
-	switch {
-	case peak < o.Jobs:
-		row.Target = fmt.Sprintf("%s: not this figure (the jobs outnumber the slots, so placements waited for slots)", goal)
-	case o.Jobs < 10000 || o.Hosts < 500:
-		row.Target = fmt.Sprintf("%s: not measured at that size here (BENCH_FLAGS='-phases latency,scale -scale-jobs 10000 -scale-hosts 500 -scale-linux-slots 14 -scale-mac-slots 6 -scale-duration 90s')", goal)
-	case e.Unloaded == nil || e.Unloaded.Rate == 0:
-		row.Target = goal + ": no unloaded figure to compare with"
-	default:
-		row.Target = target(goal, d.P99 <= 2*e.Unloaded.Dist.P99)
-	}
-	return row
 }

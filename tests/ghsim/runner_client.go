@@ -59,6 +59,10 @@ func RunRunner(ctx context.Context, encodedJIT string, logger *slog.Logger) erro
 	if err != nil {
 		return err
 	}
+	// Hold no connection while the job runs: 10,000 runners sleeping on
+	// idle keep-alive connections in one process (the bench's scale phase)
+	// used up its 20,000 file descriptors.
+	tr.CloseIdleConnections()
 	log.Info("running job", "job_id", job.JobID, "duration_ms", job.DurationMS)
 	t := time.NewTimer(time.Duration(job.DurationMS) * time.Millisecond)
 	select {

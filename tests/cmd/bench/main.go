@@ -39,6 +39,7 @@ type sizes struct {
 	replayJobs                     int
 	scaleHosts, scaleJobs          int
 	scaleLinux, scaleMac           int
+	scaleProbes                    int
 	scaleDuration                  time.Duration
 	warmJobs, warmHosts, warmVMs   int
 	warmRate                       float64
@@ -53,7 +54,7 @@ var full = sizes{
 	relJobs: 300, relHosts: 4, relRate: 50,
 	memWarmup: 300, memJobs: 1500,
 	replayJobs: 20000,
-	scaleHosts: 40, scaleJobs: 600, scaleDuration: 2 * time.Second,
+	scaleHosts: 40, scaleJobs: 600, scaleLinux: 16, scaleMac: 8, scaleProbes: 100, scaleDuration: 20 * time.Second,
 	warmJobs: 200, warmHosts: 2, warmVMs: 4, warmRate: 10, warmBoot: 2 * time.Second,
 	goBenchTime: "1s", phaseTimeout: 4 * time.Minute, stall: 45 * time.Second, goTimeout: 8 * time.Minute,
 }
@@ -64,7 +65,7 @@ var smoke = sizes{
 	relJobs: 30, relHosts: 2, relRate: 50,
 	memWarmup: 30, memJobs: 60,
 	replayJobs: 1000,
-	scaleHosts: 8, scaleJobs: 60, scaleDuration: 300 * time.Millisecond,
+	scaleHosts: 8, scaleJobs: 60, scaleLinux: 8, scaleMac: 4, scaleProbes: 10, scaleDuration: 3 * time.Second,
 	warmJobs: 20, warmHosts: 1, warmVMs: 2, warmRate: 20, warmBoot: 500 * time.Millisecond,
 	goBenchTime: "20x", phaseTimeout: 45 * time.Second, stall: 20 * time.Second, goTimeout: 3 * time.Minute,
 }
@@ -103,10 +104,11 @@ func main() {
 	flag.IntVar(&s.memJobs, "memory-jobs", s.memJobs, "memory: measured jobs")
 	flag.IntVar(&s.replayJobs, "replay-jobs", s.replayJobs, "replay: synthetic job lifecycles (ten facts each)")
 	flag.IntVar(&s.scaleHosts, "scale-hosts", s.scaleHosts, "scale: hosts")
-	flag.IntVar(&s.scaleLinux, "scale-linux-slots", 4, "scale: linux slots per host")
-	flag.IntVar(&s.scaleMac, "scale-mac-slots", 2, "scale: macos slots per host")
-	flag.IntVar(&s.scaleJobs, "scale-jobs", s.scaleJobs, "scale: jobs, all enqueued at once")
-	flag.DurationVar(&s.scaleDuration, "scale-duration", s.scaleDuration, "scale: each job's duration")
+	flag.IntVar(&s.scaleLinux, "scale-linux-slots", s.scaleLinux, "scale: linux slots per host")
+	flag.IntVar(&s.scaleMac, "scale-mac-slots", s.scaleMac, "scale: macos slots per host")
+	flag.IntVar(&s.scaleJobs, "scale-jobs", s.scaleJobs, "scale: jobs, all enqueued at once and running together")
+	flag.IntVar(&s.scaleProbes, "scale-probes", s.scaleProbes, "scale: jobs offered at the unloaded latency rate while the others run")
+	flag.DurationVar(&s.scaleDuration, "scale-duration", s.scaleDuration, "scale: each job's duration; must cover filling the fleet and the probes")
 	flag.IntVar(&s.warmJobs, "warm-jobs", s.warmJobs, "time to runner: linux jobs")
 	flag.IntVar(&s.warmVMs, "warm-vms", s.warmVMs, "time to runner: warm VMs kept in the linux pool")
 	flag.DurationVar(&s.warmBoot, "warm-boot", s.warmBoot, "time to runner: every VM's boot time")
@@ -175,7 +177,7 @@ func main() {
 		}},
 		{"scale", fmt.Sprintf("scale %d jobs of %s on %d hosts of %d linux + %d macos slots", s.scaleJobs, s.scaleDuration, s.scaleHosts, s.scaleLinux, s.scaleMac), func() (bench.Result, error) {
 			return bench.Scale(ctx, env, bench.ScaleOptions{Hosts: s.scaleHosts, Jobs: s.scaleJobs, Duration: s.scaleDuration,
-				LinuxSlots: s.scaleLinux, MacSlots: s.scaleMac})
+				LinuxSlots: s.scaleLinux, MacSlots: s.scaleMac, Probes: s.scaleProbes})
 		}},
 	}
 	m := bench.Describe(root)
@@ -274,6 +276,9 @@ func merge(small, given sizes, set map[string]bool) sizes {
 	pick("scale-hosts", &s.scaleHosts, given.scaleHosts)
 	pick("scale-jobs", &s.scaleJobs, given.scaleJobs)
 	pick("scale-duration", &s.scaleDuration, given.scaleDuration)
+	pick("scale-linux-slots", &s.scaleLinux, given.scaleLinux)
+	pick("scale-mac-slots", &s.scaleMac, given.scaleMac)
+	pick("scale-probes", &s.scaleProbes, given.scaleProbes)
 	pick("gobench-time", &s.goBenchTime, given.goBenchTime)
 	pick("phase-timeout", &s.phaseTimeout, given.phaseTimeout)
 	pick("stall", &s.stall, given.stall)

@@ -1,0 +1,186 @@
+package bench
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+)
+
+// ScaleOptions size the scale phase.
+type ScaleOptions struct {
+	Hosts int
+	// Jobs run at once; each runs for Duration, which must cover filling the
+	// fleet and probing it.
+	Jobs     int
+	Duration time.Duration
+	// LinuxSlots and MacSlots per host; 0 means 4 and 2.
+	LinuxSlots, MacSlots int
+	// Probes are zero-duration jobs offered at the unloaded latency rate
+	// while the Jobs run; 0 means 100.
+	Probes int
+}
+
+// Scale is issue 9's sixth figure. It fills many hosts with Jobs
+// concurrent jobs, then, while they all run, offers Probes jobs at the
+// latency phase's unloaded rate and compares their dispatch latency with
+// the unloaded figure. The heap, after a forced GC, is read before the
+// fill, with every job running, and once all have finished: memory should
+// follow the live jobs, not the history.
+func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
+	res := Result{Phase: "scale"}
+	o.LinuxSlots, o.MacSlots, o.Probes = cmp.Or(o.LinuxSlots, 4), cmp.Or(o.MacSlots, 2), cmp.Or(o.Probes, 100)
+	rate := 50
+	if u := e.Unloaded; u != nil && u.Rate > 0 {
+		rate = u.Rate
+	}
+	fill := Workload(o.Jobs, e.Seed+3, 0.3, o.Duration, o.Duration, e.BareLabel)
+	probes := Workload(o.Probes, e.Seed+4, 0.3, 0, 0, e.BareLabel)
+	pools := map[string][]string{"linux": LinuxLabels, "macos": MacLabels}
+	perPool := map[string]int{}
+	for _, s := range append(fill[:len(fill):len(fill)], probes...) {
+		perPool[events.MatchPool(s.Labels, pools)]++
+	}
+	for pool, slots := range map[string]int{"linux": o.LinuxSlots * o.Hosts, "macos": o.MacSlots * o.Hosts} {
+		if perPool[pool] > slots {
+			return res, fmt.Errorf("scale: %d %s jobs and probes need more than the %d %s slots; raise -scale-%s-slots so every job runs at once",
+				perPool[pool], pool, slots, pool, map[string]string{"linux": "linux", "macos": "mac"}[pool])
+		}
+	}
+	f, err := e.fleet(ctx, FleetOptions{Hosts: o.Hosts, LinuxSlots: o.LinuxSlots, MacSlots: o.MacSlots})
+	if err != nil {
+		return res, err
+	}
+	defer f.Close()
+	idle := measure()
+	base, err := LastSeq(ctx, f.JS)
+	if err != nil {
+		return res, err
+	}
+	c, err := Count(ctx, f.JS, base+1)
+	if err != nil {
+		return res, err
+	}
+	defer c.Stop()
+	status := func() string {
+		total, last := c.Total()
+		return fmt.Sprintf("%d running, %d completed; log: %d queued, %d reserved, %d placed, %d released, %d facts, the last %s ago; runner failures %d",
+			c.Get(events.TypeJobInProgress), c.Get(events.TypeJobCompleted), c.Get(events.TypeJobQueued), c.Get(events.TypeSlotReserved),
+			c.Get(events.TypeAttemptPlaced), c.Get(events.TypeSlotReleased), total, time.Since(last).Round(time.Millisecond), f.RunnerFailures())
+	}
+	progress := func() int64 { t, _ := c.Total(); return t }
+
+	e.say("scale: filling %d hosts (%d linux + %d macos slots) with %d jobs of %s", o.Hosts, o.LinuxSlots*o.Hosts, o.MacSlots*o.Hosts, o.Jobs, o.Duration)
+	start := time.Now()
+	isFill := map[int64]bool{}
+	for _, s := range fill {
+		isFill[f.Sim.Enqueue(s)] = true
+	}
+	full := func() bool { return c.Get(events.TypeJobInProgress) >= int64(o.Jobs) }
+	if err := Wait(ctx, "scale fill", e.Timeout, e.Stall, full, progress, status); err != nil {
+		return res, fmt.Errorf("%w\n%s", err, diagnose(ctx, f))
+	}
+	filled := time.Since(start)
+	if n := c.Get(events.TypeJobCompleted); n > 0 {
+		return res, fmt.Errorf("scale: %d jobs finished before all %d ran at once (the fill took %s); raise -scale-duration", n, o.Jobs, filled.Round(time.Second))
+	}
+	loaded := measure()
+	e.say("scale: %d jobs running after %s; offering %d probe jobs at %d jobs/s", o.Jobs, filled.Round(time.Millisecond), o.Probes, rate)
+	probeStart := time.Now()
+	for i, s := range probes {
+		if d := time.Until(probeStart.Add(time.Duration(float64(i) / float64(rate) * float64(time.Second)))); d > 0 {
+			time.Sleep(d)
+		}
+		f.Sim.Enqueue(s)
+	}
+	probed := func() bool { return c.Get(events.TypeJobCompleted) >= int64(o.Probes) }
+	if err := Wait(ctx, "scale probes", e.Timeout, e.Stall, probed, progress, status); err != nil {
+		return res, fmt.Errorf("%w\n%s", err, diagnose(ctx, f))
+	}
+	probesDone := time.Now()
+	e.say("scale: probes served; waiting for the %d jobs to finish", o.Jobs)
+	// Nothing is logged while the jobs run: the stall clock allows for that.
+	if err := Wait(ctx, "scale drain", e.Timeout+o.Duration, e.Stall+o.Duration, func() bool { return c.Settled(int64(o.Jobs + o.Probes)) }, progress, status); err != nil {
+		return res, fmt.Errorf("%w\n%s", err, diagnose(ctx, f))
+	}
+	last, err := LastSeq(ctx, f.JS)
+	if err != nil {
+		return res, err
+	}
+	log, err := ReadLog(ctx, f.JS, base+1, last, time.Minute)
+	if err != nil {
+		return res, err
+	}
+	tl := BuildTimeline(log)
+	quiet()
+	after := measure()
+	f.Sim.Close() // it keeps every job and webhook: its share is not Berth's
+	f.Sim = nil
+	noSim := measure()
+
+	var fillLat, probeLat []time.Duration
+	var firstEnd time.Time
+	for id, j := range tl.Jobs {
+		if j.Queued.IsZero() || j.Placed.IsZero() {
+			continue
+		}
+		if isFill[id] {
+			fillLat = append(fillLat, j.Placed.Sub(j.Queued))
+			if !j.Completed.IsZero() && (firstEnd.IsZero() || j.Completed.Before(firstEnd)) {
+				firstEnd = j.Completed
+			}
+		} else {
+			probeLat = append(probeLat, j.Placed.Sub(j.Queued))
+		}
+	}
+	if firstEnd.Before(probesDone) {
+		return res, fmt.Errorf("scale: a job of the fill finished while probes were still served, so they did not all run under the full load; raise -scale-duration above %s",
+			(filled + probesDone.Sub(probeStart)).Round(time.Second))
+	}
+	n := float64(o.Jobs + o.Probes)
+	simBytes := (float64(after.heap) - float64(noSim.heap)) / n // per job, estimated at the end
+	perLive := (float64(loaded.heap)-float64(idle.heap))/float64(o.Jobs) - simBytes
+	perDone := (float64(noSim.heap) - float64(idle.heap)) / n
+	res.Rows = append(res.Rows,
+		Row{Figure: fmt.Sprintf("Scale: fill, %d jobs at once on %d hosts (first enqueue → the last one running)", o.Jobs, o.Hosts),
+			Value: ms(filled), Reference: fmt.Sprintf("%d slots offered; %s", (o.LinuxSlots+o.MacSlots)*o.Hosts, pq(Summarize(fillLat))+" webhook → placement"),
+			Target: "—"},
+		e.scaleLatency(Summarize(probeLat), o, rate),
+		Row{Figure: fmt.Sprintf("Scale: heap per running job with %d running (after a forced GC, twice; the simulator's share taken out)", o.Jobs),
+			Value:     bytesStr(perLive),
+			Reference: fmt.Sprintf("heap before the fill: %s", bytesStr(float64(idle.heap))),
+			Target:    "memory proportional to live jobs: the figure to compare with the next row"},
+		Row{Figure: "Scale: heap per finished job once all finished and quiet (the simulator closed)",
+			Value:     bytesStr(perDone),
+			Reference: fmt.Sprintf("with every job running: %s a job", bytesStr(perLive)),
+			Ratio:     ratio(perDone, perLive),
+			Target:    target("not proportional to history: ≤ 64 B per finished job (target 4)", perDone <= 64)},
+	)
+	res.Notes = append(res.Notes, fmt.Sprintf("%d linux and %d macos jobs and probes by label match; %.2f facts per job; runner failures %d; the simulator kept %s a job",
+		perPool["linux"], perPool["macos"], float64(last-base)/n, f.RunnerFailures(), bytesStr(simBytes)))
+	return res, nil
+}
+
+// scaleLatency compares the probes' dispatch latency, with the fleet full,
+// with the unloaded figure of the same run (issue 9: p99 within 2× of it,
+// with 10,000 concurrent jobs on 500 hosts).
+func (e Env) scaleLatency(d Dist, o ScaleOptions, rate int) Row {
+	row := Row{Figure: fmt.Sprintf("Scale: dispatch latency of %d jobs at %d jobs/s while %d run on %d hosts (webhook accepted → placement stored)", d.N, rate, o.Jobs, o.Hosts),
+		Value: pq(d), Reference: "no unloaded figure in this run (run the latency phase too)"}
+	if u := e.Unloaded; u != nil && u.Rate > 0 {
+		row.Reference = fmt.Sprintf("unloaded, %d jobs/s in the latency phase: %s", u.Rate, pq(u.Dist))
+		row.Ratio = "p99 " + ratio(float64(d.P99), float64(u.Dist.P99))
+	}
+	const goal = "p99 ≤ 2× unloaded with 10,000 concurrent jobs on 500 hosts"
+	switch {
+	case o.Jobs < 10000 || o.Hosts < 500:
+		row.Target = fmt.Sprintf("%s: not measured at that size here (BENCH_FLAGS='-phases latency,scale -scale-jobs 10000 -scale-hosts 500 -scale-linux-slots 16 -scale-mac-slots 8 -scale-duration 2m30s')", goal)
+	case e.Unloaded == nil || e.Unloaded.Rate == 0:
+		row.Target = goal + ": no unloaded figure to compare with"
+	default:
+		row.Target = target(goal, d.P99 <= 2*e.Unloaded.Dist.P99)
+	}
+	return row
+}

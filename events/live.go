@@ -16,6 +16,7 @@ type live struct {
 	built         bool
 	jobs          map[int64]*Job
 	attempts      map[string]*Attempt
+	vms           map[string]*Attempt // the attempts whose VM is Berth's to act on (a subset)
 	dirtyJobs     map[int64]struct{}
 	dirtyAttempts map[string]struct{}
 }
@@ -28,11 +29,18 @@ func (j *Job) open() bool {
 }
 
 // actionable reports whether a decider may still act on the attempt: it
-// holds a slot or a VM, or it is done but its runner registration, never
-// used by a job, is still to be deleted.
+// holds a slot or a VM; or its teardown was asked for and no stop is
+// recorded (an agent answers one for a booking that never got a VM); or it
+// is done but its runner registration, never used by a job, is still to
+// be deleted.
 func (f *Fleet) actionable(a *Attempt) bool {
-	return !a.Terminal() || (a.RunnerID != 0 && !a.Deregistered && f.byRunner[a.ID] == 0)
+	return vmPending(a) || (a.RunnerID != 0 && !a.Deregistered && f.byRunner[a.ID] == 0)
 }
+
+// vmPending reports whether something may still happen to the attempt's VM:
+// it is not Terminal, or its teardown was asked for and no stop is
+// recorded.
+func vmPending(a *Attempt) bool { return !a.Terminal() || (a.TeardownReq && !a.Stopped) }
 
 // OpenJobs yields, in no order, every job a decider may act on: demand, or
 // a conflict not yet recorded. The jobs must not be modified.
@@ -47,6 +55,16 @@ func (f *Fleet) OpenJobs() iter.Seq[*Job] {
 func (f *Fleet) LiveAttempts() iter.Seq[*Attempt] {
 	f.settle()
 	return maps.Values(f.live.attempts)
+}
+
+// VMAttempts yields, in no order, the live attempts whose VM something may
+// still happen to: what an agent acts on. It leaves out attempts live only
+// for a runner registration to delete: an agent's fold never sees the job
+// facts that bind runners, so there every attempt that ran a job would
+// look like one for the retention. The attempts must not be modified.
+func (f *Fleet) VMAttempts() iter.Seq[*Attempt] {
+	f.settle()
+	return maps.Values(f.live.vms)
 }
 
 // LiveCounts is the size of the index, for metrics and benchmarks.
@@ -72,7 +90,7 @@ func (f *Fleet) markAttempt(id string) {
 func (f *Fleet) settle() {
 	l := &f.live
 	if !l.built {
-		*l = live{built: true, jobs: map[int64]*Job{}, attempts: map[string]*Attempt{},
+		*l = live{built: true, jobs: map[int64]*Job{}, attempts: map[string]*Attempt{}, vms: map[string]*Attempt{},
 			dirtyJobs: map[int64]struct{}{}, dirtyAttempts: map[string]struct{}{}}
 		for id, j := range f.Jobs {
 			if j.open() {
@@ -82,6 +100,9 @@ func (f *Fleet) settle() {
 		for id, a := range f.Attempts {
 			if f.actionable(a) {
 				l.attempts[id] = a
+			}
+			if vmPending(a) {
+				l.vms[id] = a
 			}
 		}
 		return
@@ -95,10 +116,16 @@ func (f *Fleet) settle() {
 	}
 	clear(l.dirtyJobs)
 	for id := range l.dirtyAttempts {
-		if a := f.Attempts[id]; a != nil && f.actionable(a) {
+		a := f.Attempts[id]
+		if a != nil && f.actionable(a) {
 			l.attempts[id] = a
 		} else {
 			delete(l.attempts, id)
+		}
+		if a != nil && vmPending(a) {
+			l.vms[id] = a
+		} else {
+			delete(l.vms, id)
 		}
 	}
 	clear(l.dirtyAttempts)

@@ -158,16 +158,26 @@ func TestPropertyLiveIndexEqualsAFullScan(t *testing.T) {
 }
 
 func requireIndexed(t *rapid.T, f *events.Fleet, after int) {
-	wantJobs, wantAttempts := map[int64]bool{}, map[string]bool{}
+	wantJobs, wantAttempts, wantVMs := map[int64]bool{}, map[string]bool{}, map[string]bool{}
 	for id, j := range f.Jobs {
 		if j.Demand() || (j.Conflict != "" && !j.ConflictRecorded && j.Status == events.StatusInProgress) {
 			wantJobs[id] = true
 		}
 	}
 	for id, a := range f.Attempts {
-		if !a.Terminal() || (a.RunnerID != 0 && !a.Deregistered && f.BoundJob(id) == 0) {
+		if !a.Terminal() || (a.TeardownReq && !a.Stopped) || (a.RunnerID != 0 && !a.Deregistered && f.BoundJob(id) == 0) {
 			wantAttempts[id] = true
 		}
+		if !a.Terminal() || (a.TeardownReq && !a.Stopped) {
+			wantVMs[id] = true
+		}
+	}
+	gotVMs := map[string]bool{}
+	for a := range f.VMAttempts() {
+		gotVMs[a.ID] = true
+	}
+	if !reflect.DeepEqual(gotVMs, wantVMs) {
+		t.Fatalf("after %d events: the VM index holds %v, a full scan finds %v", after, gotVMs, wantVMs)
 	}
 	gotJobs, gotAttempts := map[int64]bool{}, map[string]bool{}
 	for j := range f.OpenJobs() {

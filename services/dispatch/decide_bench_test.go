@@ -12,7 +12,8 @@ import (
 // benchFleet folds jobs over 10 hosts. In the "mix" shape 10% of the jobs are
 // queued (demand), 10% running and the rest completed but still retained, as
 // they are for the retention (72 h); in the "retained" shape all but one are
-// completed. Decide runs after every batch of facts, so its cost per call is
+// completed; in the "running" shape all but one run (the scale phase: 10,000
+// concurrent jobs). Decide runs after every batch of facts, so its cost per call is
 // what the dispatcher's loop pays per batch.
 func benchFleet(n int, shape string) *events.Fleet {
 	f := events.NewFleet()
@@ -31,9 +32,9 @@ func benchFleet(n int, shape string) *events.Fleet {
 	for i := 0; i < n; i++ {
 		id, h := int64(i+1), "h-"+strconv.Itoa(i%10)
 		switch {
-		case shape == "mix" && i%10 == 0, shape == "retained" && i == 0:
+		case shape == "mix" && i%10 == 0, shape != "mix" && i == 0:
 			add(queued(id))
-		case shape == "mix" && i%10 == 1:
+		case shape == "mix" && i%10 == 1, shape == "running":
 			add(running(id, h)...)
 		default:
 			add(done(id, h, "success")...)
@@ -43,7 +44,7 @@ func benchFleet(n int, shape string) *events.Fleet {
 }
 
 func BenchmarkDecide(b *testing.B) {
-	for _, shape := range []string{"mix", "retained"} {
+	for _, shape := range []string{"mix", "retained", "running"} {
 		for _, n := range []int{100, 1000, 10000} {
 			b.Run(shape+"/jobs="+strconv.Itoa(n), func(b *testing.B) {
 				f := benchFleet(n, shape)

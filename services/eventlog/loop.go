@@ -394,8 +394,13 @@ func (l *Loop) Stats() LoopStats {
 type snapState struct {
 	kv    jetstream.KeyValue
 	s     Snapshotter
-	seq   uint64 // sequence of the snapshot restored or last saved
+	seq   uint64 // sequence of the snapshot restored
 	saved time.Time
+	// stored is the sequence of the last snapshot stored; storing runs off
+	// the loop, one at a time (putting is set while one runs).
+	stored  atomic.Uint64
+	putting atomic.Bool
+	puts    sync.WaitGroup
 }
 
 // restore loads the service's snapshot, if any. Any failure means a full
@@ -429,6 +434,7 @@ func (l *Loop) restore(ctx context.Context, r Reactor) *snapState {
 		return st
 	}
 	st.seq = seq
+	st.stored.Store(seq)
 	l.lastSeq.Store(seq)
 	slog.Info("restored from snapshot", "key", l.SnapshotKey, "seq", seq)
 	return st
@@ -437,19 +443,25 @@ func (l *Loop) restore(ctx context.Context, r Reactor) *snapState {
 // final saves a last snapshot on the way out, so the next start folds only
 // what came after it.
 func (l *Loop) final(st *snapState) {
+	st.puts.Wait() // a periodic put still running
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	st.saved = time.Time{}
 	l.save(ctx, st)
+	st.puts.Wait()
 }
 
 // save writes a snapshot every SnapshotEvery while caught up and moving.
+// The fold is marshalled on the loop, where it is consistent; compressing
+// and storing it (gzip is most of the cost for a large fold) run off the loop, so
+// facts keep being folded and decided on meanwhile. A put still running
+// when the next one is due delays it.
 func (l *Loop) save(ctx context.Context, st *snapState) {
 	every := l.SnapshotEvery
 	if every <= 0 {
 		every = time.Minute
 	}
-	if st.kv == nil || !l.caughtUp.Load() || time.Since(st.saved) < every || l.lastSeq.Load() <= st.seq {
+	if st.kv == nil || !l.caughtUp.Load() || time.Since(st.saved) < every || l.lastSeq.Load() <= st.stored.Load() || st.putting.Load() {
 		return
 	}
 	st.saved = time.Now()
@@ -458,11 +470,17 @@ func (l *Loop) save(ctx context.Context, st *snapState) {
 		slog.Warn("snapshot failed", "key", l.SnapshotKey, "err", err)
 		return
 	}
-	kctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := PutSnapshot(kctx, l.JS, st.kv, l.SnapshotKey, seq, b); err != nil {
-		slog.Warn("snapshot not stored; a restart will fold more of the log", "key", l.SnapshotKey, "err", err)
-		return
-	}
-	st.seq = seq
+	st.putting.Store(true)
+	st.puts.Add(1)
+	go func() {
+		defer st.puts.Done()
+		defer st.putting.Store(false)
+		kctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := PutSnapshot(kctx, l.JS, st.kv, l.SnapshotKey, seq, b); err != nil {
+			slog.Warn("snapshot not stored; a restart will fold more of the log", "key", l.SnapshotKey, "err", err)
+			return
+		}
+		st.stored.Store(seq)
+	}()
 }

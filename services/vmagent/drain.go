@@ -50,7 +50,7 @@ func (a *Agent) active(ctx context.Context) int {
 	done := make(chan struct{})
 	a.Loop.Post(ctx, func() {
 		n = len(a.creating)
-		for _, at := range a.fleet.Attempts {
+		for at := range a.fleet.VMAttempts() {
 			if at.Host == a.opts.Host && at.VMLive() && !at.Abandoned && !a.creating[at.ID] {
 				n++
 			}

@@ -48,6 +48,25 @@ func (e Env) say(format string, args ...any) {
 	}
 }
 
+// every says what report returns each period until the returned stop is
+// called: a long phase shows its progress.
+func (e Env) every(period time.Duration, report func()) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				report()
+			}
+		}
+	}()
+	return func() { close(done) }
+}
+
 func (e Env) fleet(ctx context.Context, o FleetOptions) (*Fleet, error) {
 	o.Fixtures, o.Logger = e.Fixtures, e.Logger
 	return StartFleet(ctx, o)
@@ -91,6 +110,7 @@ func (e Env) drive(ctx context.Context, phase string, f *Fleet, specs []ghsim.Jo
 	progress := func() int64 { t, _ := c.Total(); return t }
 	out.start = time.Now()
 	deadline := out.start.Add(e.Timeout)
+	defer e.every(30*time.Second, func() { e.say("%s: %s", phase, status()) })()
 	for i := range specs {
 		if fd.rate > 0 {
 			due := out.start.Add(time.Duration(float64(i) / fd.rate * float64(time.Second)))
@@ -332,8 +352,9 @@ func (e Env) latencyAt(ctx context.Context, r, jobs, hosts int) (Row, []string, 
 	if r == 200 {
 		row.Target = target("p50 ≤ 0.5 ms, p99 ≤ 2 ms", d.P50 <= 500*time.Microsecond && d.P99 <= 2*time.Millisecond)
 	}
-	notes := []string{fmt.Sprintf("at %d jobs/s: offered %s jobs/s, webhooks accepted at %s jobs/s; delivery lag (sim enqueue → accepted) %s; placements %d of %d jobs",
-		r, num(offered), num(accepted), pq(Summarize(lag)), d.N, jobs)}
+	toReserve, toPlace := run.tl.PlaceParts()
+	notes := []string{fmt.Sprintf("at %d jobs/s: offered %s jobs/s, webhooks accepted at %s jobs/s; delivery lag (sim enqueue → accepted) %s; placements %d of %d jobs; of the latency, accepted → slot reserved %s, reserved → placement stored (JIT-config call, seal, append) %s",
+		r, num(offered), num(accepted), pq(Summarize(lag)), d.N, jobs, pq(Summarize(toReserve)), pq(Summarize(toPlace)))}
 	return row, notes, d, nil
 }
 

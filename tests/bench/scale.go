@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/berth-ci/berth/events"
@@ -21,6 +23,8 @@ type ScaleOptions struct {
 	// Probes are zero-duration jobs offered at the unloaded latency rate
 	// while the Jobs run; 0 means 100.
 	Probes int
+	// CPUProfile, when not "", receives a CPU profile of the probe window.
+	CPUProfile string
 }
 
 // Scale is issue 9's sixth figure. It fills many hosts with Jobs
@@ -71,6 +75,7 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 			c.Get(events.TypeAttemptPlaced), c.Get(events.TypeSlotReleased), total, time.Since(last).Round(time.Millisecond), f.RunnerFailures())
 	}
 	progress := func() int64 { t, _ := c.Total(); return t }
+	defer e.every(30*time.Second, func() { e.say("scale: %s", status()) })()
 
 	e.say("scale: filling %d hosts (%d linux + %d macos slots) with %d jobs of %s", o.Hosts, o.LinuxSlots*o.Hosts, o.MacSlots*o.Hosts, o.Jobs, o.Duration)
 	start := time.Now()
@@ -88,6 +93,16 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 	}
 	loaded := measure()
 	e.say("scale: %d jobs running after %s; offering %d probe jobs at %d jobs/s", o.Jobs, filled.Round(time.Millisecond), o.Probes, rate)
+	if o.CPUProfile != "" {
+		pf, err := os.Create(o.CPUProfile)
+		if err != nil {
+			return res, err
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return res, err
+		}
+	}
 	probeStart := time.Now()
 	for i, s := range probes {
 		if d := time.Until(probeStart.Add(time.Duration(float64(i) / float64(rate) * float64(time.Second)))); d > 0 {
@@ -100,6 +115,10 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 		return res, fmt.Errorf("%w\n%s", err, diagnose(ctx, f))
 	}
 	probesDone := time.Now()
+	if o.CPUProfile != "" {
+		pprof.StopCPUProfile()
+		res.Notes = append(res.Notes, "CPU profile of the probe window: `go tool pprof -top "+o.CPUProfile+"`")
+	}
 	e.say("scale: probes served; waiting for the %d jobs to finish", o.Jobs)
 	// Nothing is logged while the jobs run: the stall clock allows for that.
 	if err := Wait(ctx, "scale drain", e.Timeout+o.Duration, e.Stall+o.Duration, func() bool { return c.Settled(int64(o.Jobs + o.Probes)) }, progress, status); err != nil {

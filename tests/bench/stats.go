@@ -35,6 +35,7 @@ func Summarize(ds []time.Duration) Dist {
 // JobTimes is one job's story as the log stored it.
 type JobTimes struct {
 	Queued    time.Time // JobQueued stored: the webhook was accepted
+	Reserved  time.Time // first SlotReserved for the job stored
 	Placed    time.Time // first AttemptPlaced booked for the job stored
 	Completed time.Time // JobCompleted stored
 	Released  time.Time // SlotReleased of the attempt that ran it stored
@@ -81,6 +82,10 @@ func BuildTimeline(log []Stored) Timeline {
 		switch d := s.Ev.Data.(type) {
 		case *events.JobQueued:
 			first(&job(d.JobID).Queued, s.At)
+		case *events.SlotReserved:
+			if d.JobID != 0 { // a warm VM is booked for no job
+				first(&job(d.JobID).Reserved, s.At)
+			}
 		case *events.AttemptPlaced:
 			first(&job(d.JobID).Placed, s.At)
 			tl.HostOf[d.Attempt] = d.Host
@@ -116,6 +121,19 @@ func (tl Timeline) PlaceLatency() []time.Duration {
 		}
 	}
 	return out
+}
+
+// PlaceParts splits PlaceLatency at the booking: webhook accepted → slot
+// reserved (a consumer delivery and a round of Decide), and slot reserved →
+// placement stored (the JIT-config call, sealing, a loop turn, an append).
+func (tl Timeline) PlaceParts() (toReserve, toPlace []time.Duration) {
+	for _, j := range tl.Jobs {
+		if !j.Queued.IsZero() && !j.Reserved.IsZero() && !j.Placed.IsZero() && !j.Placed.Before(j.Reserved) {
+			toReserve = append(toReserve, j.Reserved.Sub(j.Queued))
+			toPlace = append(toPlace, j.Placed.Sub(j.Reserved))
+		}
+	}
+	return toReserve, toPlace
 }
 
 // ReleaseLatency is job completed → slot released (of the attempt that ran

@@ -1,6 +1,7 @@
 package ghsim
 
 import (
+	"cmp"
 	"encoding/json"
 	"net/http"
 	"net/url"
@@ -111,15 +112,16 @@ func (s *Sim) counted(name string, h http.Handler) http.Handler {
 func (s *Sim) rateHeaders(w http.ResponseWriter) {
 	s.mu.Lock()
 	now := time.Now()
-	if !now.Before(s.rlReset) || s.rlUsed >= rateLimitPerHour {
+	limit := cmp.Or(s.cfg.RateLimitPerHour, rateLimitPerHour)
+	if !now.Before(s.rlReset) || s.rlUsed >= limit {
 		s.rlUsed, s.rlReset = 0, now.Add(time.Hour)
 	}
 	s.rlUsed++
 	used, reset := s.rlUsed, s.rlReset
 	s.mu.Unlock()
 	h := w.Header()
-	h.Set("X-RateLimit-Limit", strconv.Itoa(rateLimitPerHour))
-	h.Set("X-RateLimit-Remaining", strconv.Itoa(rateLimitPerHour-used))
+	h.Set("X-RateLimit-Limit", strconv.Itoa(limit))
+	h.Set("X-RateLimit-Remaining", strconv.Itoa(limit-used))
 	h.Set("X-RateLimit-Reset", strconv.FormatInt(reset.Unix(), 10))
 	h.Set("X-RateLimit-Used", strconv.Itoa(used))
 	h.Set("X-RateLimit-Resource", "core")

@@ -63,6 +63,11 @@ type Config struct {
 	// AcquireTimeout overrides DefaultAcquireTimeout for the runner long-poll
 	// (useful in tests). Zero means DefaultAcquireTimeout.
 	AcquireTimeout time.Duration
+	// RateLimitPerHour is the core budget the rate-limit headers count
+	// down; 0 means 15,000, a GitHub App installation's. A client that
+	// reads "remaining 0" waits for the reset, an hour: a bench that makes
+	// more calls than that in an hour measures the budget, not Berth.
+	RateLimitPerHour int
 }
 
 // Sim is a simulated GitHub. All methods are safe for concurrent use.

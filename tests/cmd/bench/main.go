@@ -77,6 +77,7 @@ func main() {
 		bareLabel                 bool
 		out, only, cpuProfile     string
 		heapDir, logLevel, asCmd  string
+		scaleProfile              string
 		seed                      uint64
 		s                         = full
 	)
@@ -86,6 +87,7 @@ func main() {
 	flag.StringVar(&out, "out", "", "file to append the section to (default BENCHMARKS.md at the repository root)")
 	flag.StringVar(&only, "phases", "throughput,latency,release,memory,replay,scale,warm", "phases to run, comma-separated")
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the throughput phase here and put its top 15 in the section")
+	flag.StringVar(&scaleProfile, "scale-cpuprofile", "", "write a CPU profile of the scale phase's probe window here")
 	flag.StringVar(&heapDir, "heapprofiles", "", "write heap profiles before and after the memory phase's jobs into this directory")
 	flag.StringVar(&logLevel, "log-level", "error", "services' log level (to stderr): debug, info, warn, error")
 	flag.StringVar(&asCmd, "invoked-as", "", "the command to record in BENCHMARKS.md (the Makefile sets it)")
@@ -177,7 +179,7 @@ func main() {
 		}},
 		{"scale", fmt.Sprintf("scale %d jobs of %s on %d hosts of %d linux + %d macos slots", s.scaleJobs, s.scaleDuration, s.scaleHosts, s.scaleLinux, s.scaleMac), func() (bench.Result, error) {
 			return bench.Scale(ctx, env, bench.ScaleOptions{Hosts: s.scaleHosts, Jobs: s.scaleJobs, Duration: s.scaleDuration,
-				LinuxSlots: s.scaleLinux, MacSlots: s.scaleMac, Probes: s.scaleProbes})
+				LinuxSlots: s.scaleLinux, MacSlots: s.scaleMac, Probes: s.scaleProbes, CPUProfile: scaleProfile})
 		}},
 	}
 	m := bench.Describe(root)

@@ -166,15 +166,9 @@ func Throughput(ctx context.Context, e Env, o ThroughputOptions) (Result, error)
 	defer f.Close()
 	specs := Workload(o.Jobs, e.Seed, 0.3, 0, 0, e.BareLabel)
 	e.say("throughput: %d jobs of zero duration on %d hosts (64 linux + 32 macos slots each)", o.Jobs, o.Hosts)
-	if o.CPUProfile != "" {
-		pf, err := os.Create(o.CPUProfile)
-		if err != nil {
-			return res, err
-		}
-		defer pf.Close()
-		if err := pprof.StartCPUProfile(pf); err != nil {
-			return res, err
-		}
+	stopProfile, err := cpuProfile(o.CPUProfile)
+	if err != nil {
+		return res, err
 	}
 	fd := feed{}
 	if o.Jobs > throughputBacklog {
@@ -184,9 +178,7 @@ func Throughput(ctx context.Context, e Env, o ThroughputOptions) (Result, error)
 		fd.limit = throughputBacklog
 	}
 	run, err := e.drive(ctx, "throughput", f, specs, fd, settled(o.Jobs))
-	if o.CPUProfile != "" {
-		pprof.StopCPUProfile()
-	}
+	stopProfile()
 	if err != nil {
 		return res, err
 	}
@@ -243,6 +235,23 @@ func Throughput(ctx context.Context, e Env, o ThroughputOptions) (Result, error)
 		res.Notes = append(res.Notes, "measured with the CPU profiler on (see the profile below)")
 	}
 	return res, nil
+}
+
+// cpuProfile starts a CPU profile into path, or nothing when path is "";
+// stop ends it.
+func cpuProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // throughputBacklog caps the unfinished jobs of a throughput run longer

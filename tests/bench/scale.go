@@ -4,8 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"os"
-	"runtime/pprof"
 	"time"
 
 	"github.com/berth-ci/berth/events"
@@ -93,16 +91,11 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 	}
 	loaded := measure()
 	e.say("scale: %d jobs running after %s; offering %d probe jobs at %d jobs/s", o.Jobs, filled.Round(time.Millisecond), o.Probes, rate)
-	if o.CPUProfile != "" {
-		pf, err := os.Create(o.CPUProfile)
-		if err != nil {
-			return res, err
-		}
-		defer pf.Close()
-		if err := pprof.StartCPUProfile(pf); err != nil {
-			return res, err
-		}
+	stopProfile, err := cpuProfile(o.CPUProfile)
+	if err != nil {
+		return res, err
 	}
+	defer stopProfile() // on a failed wait; stopping twice is harmless
 	probeStart := time.Now()
 	for i, s := range probes {
 		if d := time.Until(probeStart.Add(time.Duration(float64(i) / float64(rate) * float64(time.Second)))); d > 0 {
@@ -115,8 +108,8 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 		return res, fmt.Errorf("%w\n%s", err, diagnose(ctx, f))
 	}
 	probesDone := time.Now()
+	stopProfile()
 	if o.CPUProfile != "" {
-		pprof.StopCPUProfile()
 		res.Notes = append(res.Notes, "CPU profile of the probe window: `go tool pprof -top "+o.CPUProfile+"`")
 	}
 	e.say("scale: probes served; waiting for the %d jobs to finish", o.Jobs)

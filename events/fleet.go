@@ -180,6 +180,9 @@ func (s stamp) after(o stamp) bool {
 func (f *Fleet) job(id int64) *Job {
 	f.markJob(id)
 	j, ok := f.Jobs[id]
+	if ok && j.Runner != "" && f.byRunner[j.Runner] == id {
+		f.markAttempt(j.Runner) // whether its attempt is quiet follows the job's status
+	}
 	if !ok {
 		j = &Job{ID: id}
 		f.Jobs[id] = j

@@ -158,7 +158,7 @@ func TestPropertyLiveIndexEqualsAFullScan(t *testing.T) {
 }
 
 func requireIndexed(t *rapid.T, f *events.Fleet, after int) {
-	wantJobs, wantAttempts, wantVMs := map[int64]bool{}, map[string]bool{}, map[string]bool{}
+	wantJobs, wantAttempts, wantVMs, wantUnquiet := map[int64]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for id, j := range f.Jobs {
 		if j.Demand() || (j.Conflict != "" && !j.ConflictRecorded && j.Status == events.StatusInProgress) {
 			wantJobs[id] = true
@@ -171,6 +171,19 @@ func requireIndexed(t *rapid.T, f *events.Fleet, after int) {
 		if !a.Terminal() || (a.TeardownReq && !a.Stopped) {
 			wantVMs[id] = true
 		}
+		bound := f.BoundJob(id)
+		quiet := a.Held() && !(a.Failed && a.FailedStep == events.StepDrain) && !(a.Warm && !a.Placed) &&
+			bound != 0 && f.Jobs[bound] != nil && f.Jobs[bound].Status != events.StatusCompleted
+		if wantAttempts[id] && !quiet {
+			wantUnquiet[id] = true
+		}
+	}
+	gotUnquiet := map[string]bool{}
+	for a := range f.UnquietAttempts() {
+		gotUnquiet[a.ID] = true
+	}
+	if !reflect.DeepEqual(gotUnquiet, wantUnquiet) {
+		t.Fatalf("after %d events: the unquiet index holds %v, a full scan finds %v", after, gotUnquiet, wantUnquiet)
 	}
 	gotVMs := map[string]bool{}
 	for a := range f.VMAttempts() {

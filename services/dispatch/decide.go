@@ -128,10 +128,11 @@ func Decide(f *events.Fleet, p Params) Plan {
 	ownUnbound := map[int64]bool{}
 	expiring := map[string]bool{} // past a deadline, deregistration planned
 	unminted := map[string]int{}  // booked or claimed, no JIT config yet
-	// The live attempts come in map order, and sorting them all each round
-	// cost 5 ms with 10,000 running: what the walk collects is put in id
-	// order after it instead, which yields the same plan.
-	for a := range f.LiveAttempts() {
+	// Quiet attempts (held for a job that runs) need nothing: the walk
+	// leaves them out. The rest come in map order, and sorting them each
+	// round cost 5 ms with 10,000 running: what the walk collects is put in
+	// id order after it instead, which yields the same plan.
+	for a := range f.UnquietAttempts() {
 		bound := f.BoundJob(a.ID)
 		switch {
 		case a.Held() && bound != 0 && f.Jobs[bound] != nil && f.Jobs[bound].Status == events.StatusCompleted:

@@ -70,8 +70,9 @@ type Params struct {
 	Warm map[string]WarmPool
 	// MaxUnminted caps, per pool, the booked attempts that wait for their
 	// JIT config; 0 or less means no cap (the dispatcher makes 0
-	// UnmintedPerCall × MintConcurrency; give -1 there for none). The provisioning deadline runs from the
-	// booking, so bookings made faster than the JIT-config calls can follow
+	// UnmintedPerCall × MintConcurrency; give -1 there for none). The
+	// provisioning deadline runs from the booking, so bookings made faster
+	// than the JIT-config calls can follow
 	// would expire in the queue and be booked again (10,000 jobs at once on
 	// 500 hosts did): the rest of the backlog stays demand until a
 	// placement frees room, oldest first as always.

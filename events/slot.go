@@ -44,6 +44,7 @@ type SlotReserved struct {
 func (SlotReserved) EventType() string      { return TypeSlotReserved }
 func (e SlotReserved) EventSubject() string { return PoolSubject(e.Pool) }
 func (e SlotReserved) EventID() string      { return e.Attempt + "/reserved" }
+func (e SlotReserved) Ledger() string       { return e.Pool }
 
 // SlotReleased gives a reservation back, in the same reaction that sees
 // demand end (law 2): never after, never waiting for teardown. Exactly one per
@@ -61,3 +62,4 @@ type SlotReleased struct {
 func (SlotReleased) EventType() string      { return TypeSlotReleased }
 func (e SlotReleased) EventSubject() string { return PoolSubject(e.Pool) }
 func (e SlotReleased) EventID() string      { return e.Attempt + "/released" }
+func (e SlotReleased) Ledger() string       { return e.Pool }

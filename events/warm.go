@@ -50,6 +50,7 @@ type AttemptClaimed struct {
 func (AttemptClaimed) EventType() string      { return TypeAttemptClaimed }
 func (e AttemptClaimed) EventSubject() string { return PoolSubject(e.Pool) }
 func (e AttemptClaimed) EventID() string      { return e.Attempt + "/claimed" }
+func (e AttemptClaimed) Ledger() string       { return e.Pool }
 
 // AttemptAssigned hands a claimed warm VM its JIT config, sealed to the
 // agent's curve key like a placement's. The agent reacts with the backend's

@@ -60,3 +60,18 @@ type realTicker struct{ t *time.Ticker }
 
 func (r realTicker) C() <-chan time.Time { return r.t.C }
 func (r realTicker) Stop()               { r.t.Stop() }
+
+// WithNow is a Clock that reads now and makes real timers: for callers
+// that already take a `func() time.Time` for their decisions.
+func WithNow(now func() time.Time) Clock {
+	if now == nil {
+		return Real
+	}
+	return withNow{now}
+}
+
+type withNow struct{ now func() time.Time }
+
+func (w withNow) Now() time.Time                 { return w.now() }
+func (withNow) NewTimer(d time.Duration) Timer   { return Real.NewTimer(d) }
+func (withNow) NewTicker(d time.Duration) Ticker { return Real.NewTicker(d) }

@@ -4,6 +4,7 @@ package dispatch
 
 import (
 	"container/heap"
+	"log/slog"
 	"slices"
 	"sort"
 	"strings"
@@ -46,6 +47,64 @@ type Plan struct {
 	Conflicts []events.JobConflict
 }
 
+// MintCall asks GitHub for a booked attempt's JIT config, then places the
+// attempt (or hands a claimed warm VM its config).
+type MintCall struct{ Attempt string }
+
+// CallKey implements events.Call.
+func (c MintCall) CallKey() string { return c.Attempt + "/mint" }
+
+// DeregisterCall deletes an attempt's runner registration on GitHub; once
+// GitHub confirms, the fact AttemptDeregistered lets Decide release it.
+type DeregisterCall struct{ Attempt string }
+
+// CallKey implements events.Call.
+func (c DeregisterCall) CallKey() string { return c.Attempt + "/deregister" }
+
+// Steps orders the plan for the act shell: releases first (law 2), then
+// teardowns, give-ups and conflicts, then bookings (each booking's mint
+// right behind it, in the same round), warm boots, and GitHub calls last.
+func (plan Plan) Steps() events.Plan {
+	var out events.Plan
+	for _, r := range plan.Release {
+		out.Add(events.Fact(r))
+	}
+	for _, t := range plan.Teardown {
+		out.Add(events.Fact(t))
+	}
+	for _, u := range plan.Unschedulable {
+		out.Add(events.Fact(u))
+	}
+	for _, c := range plan.Conflicts {
+		out.Add(events.Step{Fact: c, Level: slog.LevelWarn,
+			Msg:   "GitHub reported a job on a runner that runs another job; the runner keeps its first job and this job gets a VM of its own (BL-17)",
+			Attrs: []any{"job", c.JobID, "runner", c.Runner, "runner_job", c.BoundJob}})
+	}
+	for _, c := range plan.Claim {
+		out.Add(events.Fact(c))
+	}
+	for _, r := range plan.Reserve {
+		st := events.Fact(r)
+		if !r.Warm { // a warm VM is booted, not minted for
+			st.Then = []events.Step{events.Do(MintCall{r.Attempt})}
+		}
+		out.Add(st)
+	}
+	for _, p := range plan.Place {
+		out.Add(events.Fact(p))
+	}
+	for _, a := range plan.Mint {
+		out.Add(events.Do(MintCall{a.ID}))
+	}
+	for _, a := range plan.Deregister {
+		out.Add(events.Do(DeregisterCall{a.ID}))
+	}
+	for _, a := range plan.Cleanup {
+		out.Add(events.Do(DeregisterCall{a.ID}))
+	}
+	return out
+}
+
 // DefaultMaxAttempts is how many failed placements a job gets by default
 // (garm retries a failed create 5 times; ARC a failed pod 5 times).
 const DefaultMaxAttempts = 5
@@ -77,6 +136,13 @@ type Params struct {
 	// 500 hosts did): the rest of the backlog stays demand until a
 	// placement frees room, oldest first as always.
 	MaxUnminted int
+	// Blocked: GitHub said to wait (a rate limit); the plan books, mints
+	// and deregisters nothing until it allows calls again.
+	Blocked bool
+	// Refused holds the attempts whose JIT config GitHub refused (or held
+	// back with a rate limit) → the release reason: the dispatcher's shell
+	// observes the answer, the plan releases the slot.
+	Refused map[string]string
 }
 
 // Expired names the deadline a placed, unbound attempt has passed
@@ -106,185 +172,270 @@ func (p Params) Expired(f *events.Fleet, a *events.Attempt) string {
 // difference, oldest jobs first, and releases the surplus when a job is
 // cancelled or taken by a runner that is not ours.
 func Decide(f *events.Fleet, p Params) Plan {
-	var plan Plan
 	if p.MaxAttempts <= 0 {
 		p.MaxAttempts = DefaultMaxAttempts
 	}
-	labels := f.PoolLabels()
-	match := events.NewMatcher(labels)
-	demand := map[string][]*events.Job{}
-	for j := range f.OpenJobs() {
-		if j.Conflict != "" && !j.ConflictRecorded && j.Status == events.StatusInProgress {
-			plan.Conflicts = append(plan.Conflicts, events.JobConflict{JobID: j.ID, Runner: j.Conflict, BoundJob: f.BoundJob(j.Conflict)})
-		}
-		if !j.Demand() {
-			continue
-		}
-		if pool := match.MatchJob(j); pool != "" {
-			demand[pool] = append(demand[pool], j)
-		}
-	}
-	unbound := map[string][]*events.Attempt{}
-	warm := map[string][]*events.Attempt{} // free warm VMs per pool: booting or idle, no job claimed
-	ownUnbound := map[int64]bool{}
-	expiring := map[string]bool{} // past a deadline, deregistration planned
-	unminted := map[string]int{}  // booked or claimed, no JIT config yet
-	// Quiet attempts (held for a job that runs) need nothing: the walk
-	// leaves them out. The rest come in map order, and sorting them each
-	// round cost 5 ms with 10,000 running: what the walk collects is put in
-	// id order after it instead, which yields the same plan.
+	pl := &planner{f: f, p: p, labels: f.PoolLabels(), unbound: map[string][]*events.Attempt{},
+		warm: map[string][]*events.Attempt{}, ownUnbound: map[int64]bool{}, expiring: map[string]bool{},
+		unminted: map[string]int{}, booked: map[string]int{}, heldNow: map[[2]string]int{}}
+	pl.countDemand()
 	for a := range f.UnquietAttempts() {
-		bound := f.BoundJob(a.ID)
-		switch {
-		case a.Held() && bound != 0 && f.Jobs[bound] != nil && f.Jobs[bound].Status == events.StatusCompleted:
-			plan.Release = append(plan.Release, release(a, events.ReleaseCompleted))
-		case a.Held() && a.Failed && a.FailedStep == events.StepDrain:
-			plan.Release = append(plan.Release, release(a, events.ReleaseHostDraining))
-		case a.Held() && bound == 0 && hostWithdrawn(f, a) != "":
-			// A cordon or a drain takes back bookings that have no VM yet
-			// (BL-32: a decision made before the cordon is stale after it),
-			// and a drain also idle runners, which GitHub would otherwise
-			// hand a new job. Neither spends the job's attempts.
-			plan.Release = append(plan.Release, release(a, hostWithdrawn(f, a)))
-		case a.Held() && bound == 0 && (a.Failed || (a.Abandoned && !a.RunnerStarted)):
-			// Only while no job is bound: a runner that already took a job
-			// keeps its slot until that job completes, whatever its create
-			// step reported.
-			// A create that failed or overran its deadline ends this
-			// attempt's claim on demand; its VM, if any, stays counted on
-			// the host until it is seen stopped.
-			plan.Release = append(plan.Release, release(a, events.ReleaseCreateFailed))
-		case a.Held() && bound == 0 && a.Placed && a.RunnerID != 0 && !a.Deregistered && p.Expired(f, a) != "":
-			// Past its deadline with no job seen. Whether its runner took
-			// one is GitHub's to say (a late in_progress webhook is not a
-			// fact): deleting the registration is refused while it runs a
-			// job, and only a deleted runner's slot is released. Until then
-			// it still counts as its pool's supply, so its job is not booked
-			// twice at once.
-			plan.Deregister = append(plan.Deregister, a)
-			expiring[a.ID] = true
-			unbound[a.Pool] = append(unbound[a.Pool], a)
-			ownUnbound[a.JobID] = true
-		case a.Held() && bound == 0 && a.WarmFree():
-			// A warm VM no job claimed: not supply (no runner exists for
-			// it), a VM a queued job can claim.
-			warm[a.Pool] = append(warm[a.Pool], a)
-		case a.Held() && bound == 0:
-			unbound[a.Pool] = append(unbound[a.Pool], a)
-			ownUnbound[a.JobID] = true
-			switch {
-			case a.Warm && a.Ready && !a.Assigned: // claimed and booted: mint its JIT config
-				plan.Mint = append(plan.Mint, a)
-			case !a.Warm && !a.Placed:
-				plan.Mint = append(plan.Mint, a)
-			}
-			if (a.Warm && a.Claimed && !a.Assigned) || (!a.Warm && !a.Placed) {
-				unminted[a.Pool]++
-			}
-		case a.Released && a.Placed && !a.TeardownReq && !a.Stopped:
-			plan.Teardown = append(plan.Teardown, teardown(a, a.ReleaseReason))
-		}
-		if a.Warm && a.Held() && !a.Placed && !a.TeardownReq {
-			plan.Place = append(plan.Place, warmPlacement(a))
-		}
-		// A released runner that never ran a job leaves a registration
-		// behind (GitHub removes only runners that ran their job): delete
-		// it, so it can take no job and does not linger offline.
-		if a.Released && a.Placed && a.RunnerID != 0 && !a.Deregistered && bound == 0 {
-			plan.Cleanup = append(plan.Cleanup, a)
-		}
+		pl.attempt(a)
 	}
-	plan.inAttemptOrder()
-	for _, as := range unbound {
+	pl.plan.inAttemptOrder()
+	for _, as := range pl.unbound {
 		byID(as)
 	}
-	for _, as := range warm {
+	for _, as := range pl.warm {
 		byID(as)
 	}
-	pools := make([]string, 0, len(labels))
-	for name := range labels {
+	pools := make([]string, 0, len(pl.labels))
+	for name := range pl.labels {
 		pools = append(pools, name)
 	}
 	sort.Strings(pools)
 	var refills []func()
-	booked := map[string]int{}     // host → attempts booked in this plan
-	heldNow := map[[2]string]int{} // host,pool → slots booked in this plan
 	for _, pool := range pools {
-		jobs := demand[pool]
-		supply := unbound[pool]
-		free := warm[pool]
+		free := pl.warm[pool]
 		claimOrder(free)
+		free = pl.book(pool, free)
 		if _, kept := p.Warm[pool]; kept || len(free) > 0 {
 			// After every pool's demand: jobs come before warm VMs.
-			refills = append(refills, func() { plan.refill(f, p, pool, labels[pool], free, booked, heldNow) })
-		}
-		if surplus := len(supply) - len(jobs); surplus > 0 {
-			for _, a := range leastAdvanced(supply, surplus) {
-				if expiring[a.ID] {
-					continue // already planned
-				}
-				if a.Placed && a.RunnerID != 0 && !a.Deregistered {
-					plan.Deregister = append(plan.Deregister, a)
-				} else {
-					plan.Release = append(plan.Release, release(a, events.ReleaseSurplus))
-				}
-			}
-			continue
-		}
-		need := len(jobs) - len(supply)
-		if need <= 0 {
-			continue
-		}
-		// Jobs with a runner of their own booked need nothing more; the
-		// runner may take another job (law 8), which is why they count in
-		// need but are not booked again.
-		waiting := jobs[:0]
-		for _, j := range jobs {
-			if !ownUnbound[j.ID] {
-				waiting = append(waiting, j)
-			}
-		}
-		for oldest := oldestFirst(waiting); need > 0 && oldest.Len() > 0; {
-			if p.MaxUnminted > 0 && unminted[pool] >= p.MaxUnminted {
-				break // the JIT-config calls are behind: the rest waits as demand
-			}
-			j := oldest.next()
-			if j.FailedAttempts >= p.MaxAttempts {
-				plan.Unschedulable = append(plan.Unschedulable, events.JobUnschedulable{
-					JobID: j.ID, Attempts: j.FailedAttempts,
-					Reason: "every placement failed before a runner took a job; check the backend's create step and the agents' logs"})
-				need--
-				continue
-			}
-			if len(free) > 0 {
-				// An idle (or booting) warm VM serves it: claimed by a fact
-				// before anything is minted; no job waits for a cold boot
-				// while one exists.
-				a := free[0]
-				free = free[1:]
-				plan.Claim = append(plan.Claim, events.AttemptClaimed{Pool: pool, Host: a.Host, Attempt: a.ID, JobID: j.ID})
-				unminted[pool]++
-				need--
-				continue
-			}
-			host := pickHost(f, pool, booked, heldNow, false)
-			if host == "" {
-				break // no free slot or physical room: the job stays demand
-			}
-			booked[host]++
-			heldNow[[2]string{host, pool}]++
-			n := j.Minted + 1
-			plan.Reserve = append(plan.Reserve, events.SlotReserved{
-				Pool: pool, Host: host, Attempt: events.AttemptID(j.ID, n), JobID: j.ID, N: n, Labels: labels[pool]})
-			unminted[pool]++
-			need--
+			refills = append(refills, func() { pl.plan.refill(f, p, pool, pl.labels[pool], free, pl.booked, pl.heldNow) })
 		}
 	}
 	for _, refill := range refills {
 		refill()
 	}
-	plan.withoutReleased()
-	return plan
+	pl.plan.withoutReleased()
+	if p.Blocked {
+		// GitHub said to wait: call it for nothing until it allows calls
+		// again (no bookings to mint for, no mints, no deregistrations);
+		// demand waits (BL-12, BL-37).
+		pl.plan.Reserve, pl.plan.Mint, pl.plan.Deregister, pl.plan.Cleanup = nil, nil, nil, nil
+	}
+	return pl.plan
+}
+
+// planner is one Decide round's working state.
+type planner struct {
+	f      *events.Fleet
+	p      Params
+	plan   Plan
+	labels map[string][]string
+	demand map[string][]*events.Job // queued jobs per pool
+	// unbound: booked attempts no job has taken yet (supply) per pool;
+	// warm: free warm VMs per pool (booting or idle, no job claimed).
+	unbound, warm map[string][]*events.Attempt
+	ownUnbound    map[int64]bool  // jobs with a runner of their own booked
+	expiring      map[string]bool // past a deadline, deregistration planned
+	unminted      map[string]int  // booked or claimed, no JIT config yet
+	booked        map[string]int  // host → attempts booked in this plan
+	heldNow       map[[2]string]int
+}
+
+// countDemand counts queued jobs per pool (law 8) and records jobs GitHub
+// reported on a runner bound to another job.
+func (pl *planner) countDemand() {
+	match := events.NewMatcher(pl.labels)
+	pl.demand = map[string][]*events.Job{}
+	for j := range pl.f.OpenJobs() {
+		if j.Conflict != "" && !j.ConflictRecorded && j.Status == events.StatusInProgress {
+			pl.plan.Conflicts = append(pl.plan.Conflicts, events.JobConflict{JobID: j.ID, Runner: j.Conflict, BoundJob: pl.f.BoundJob(j.Conflict)})
+		}
+		if !j.Demand() {
+			continue
+		}
+		if pool := match.MatchJob(j); pool != "" {
+			pl.demand[pool] = append(pl.demand[pool], j)
+		}
+	}
+}
+
+// attempt decides what one unquiet attempt needs. Quiet attempts (held for
+// a job that runs) need nothing: the walk leaves them out. The rest come
+// in map order, and sorting them each round cost 5 ms with 10,000
+// running: what the walk collects is put in id order after it instead,
+// which yields the same plan.
+func (pl *planner) attempt(a *events.Attempt) {
+	f, plan := pl.f, &pl.plan
+	bound := f.BoundJob(a.ID)
+	if r, ok := pl.released(a, bound); ok {
+		plan.Release = append(plan.Release, r)
+	} else {
+		pl.unreleased(a, bound)
+	}
+	if a.Warm && a.Held() && !a.Placed && !a.TeardownReq {
+		plan.Place = append(plan.Place, warmPlacement(a))
+	}
+	// A released runner that never ran a job leaves a registration
+	// behind (GitHub removes only runners that ran their job): delete
+	// it, so it can take no job and does not linger offline.
+	if a.Released && a.Placed && a.RunnerID != 0 && !a.Deregistered && bound == 0 {
+		plan.Cleanup = append(plan.Cleanup, a)
+	}
+}
+
+// released says whether a held attempt's demand has ended, and why. Every
+// release is derived here, from the fold (and the mint answers the shell
+// observed), so a release whose append was lost is simply decided again.
+func (pl *planner) released(a *events.Attempt, bound int64) (events.SlotReleased, bool) {
+	f, p := pl.f, pl.p
+	if !a.Held() {
+		return events.SlotReleased{}, false
+	}
+	switch {
+	case bound != 0 && f.Jobs[bound] != nil && f.Jobs[bound].Status == events.StatusCompleted:
+		return release(a, events.ReleaseCompleted), true
+	case a.Failed && a.FailedStep == events.StepDrain:
+		return release(a, events.ReleaseHostDraining), true
+	case bound != 0:
+		return events.SlotReleased{}, false
+	case hostWithdrawn(f, a) != "":
+		// A cordon or a drain takes back bookings that have no VM yet
+		// (BL-32: a decision made before the cordon is stale after it),
+		// and a drain also idle runners, which GitHub would otherwise
+		// hand a new job. Neither spends the job's attempts.
+		return release(a, hostWithdrawn(f, a)), true
+	case a.Failed || (a.Abandoned && !a.RunnerStarted):
+		// Only while no job is bound: a runner that already took a job
+		// keeps its slot until that job completes, whatever its create
+		// step reported. A create that failed or overran its deadline
+		// ends this attempt's claim on demand; its VM, if any, stays
+		// counted on the host until it is seen stopped.
+		return release(a, events.ReleaseCreateFailed), true
+	case a.Placed && a.Deregistered:
+		// GitHub confirmed its runner gone (a deadline or a surplus
+		// deregistration): nothing can take a job on it any more.
+		reason := p.Expired(f, a)
+		if reason == "" {
+			reason = events.ReleaseSurplus
+		}
+		return release(a, reason), true
+	case p.Refused[a.ID] != "" && (!a.Placed || (a.Warm && !a.Assigned)):
+		// GitHub refused its JIT config, or said to wait: the slot goes
+		// back and the job is booked again (BL-12).
+		return release(a, p.Refused[a.ID]), true
+	}
+	return events.SlotReleased{}, false
+}
+
+// unreleased sorts a held, unbound attempt into supply, deregistration,
+// mints or warm VMs; a released one into teardown.
+func (pl *planner) unreleased(a *events.Attempt, bound int64) {
+	f, p, plan := pl.f, pl.p, &pl.plan
+	switch {
+	case a.Held() && bound != 0:
+	case a.Held() && a.Placed && a.RunnerID != 0 && !a.Deregistered && p.Expired(f, a) != "":
+		// Past its deadline with no job seen. Whether its runner took
+		// one is GitHub's to say (a late in_progress webhook is not a
+		// fact): deleting the registration is refused while it runs a
+		// job, and only a deleted runner's slot is released. Until then
+		// it still counts as its pool's supply, so its job is not booked
+		// twice at once.
+		plan.Deregister = append(plan.Deregister, a)
+		pl.expiring[a.ID] = true
+		pl.unbound[a.Pool] = append(pl.unbound[a.Pool], a)
+		pl.ownUnbound[a.JobID] = true
+	case a.Held() && a.WarmFree():
+		// A warm VM no job claimed: not supply (no runner exists for
+		// it), a VM a queued job can claim.
+		pl.warm[a.Pool] = append(pl.warm[a.Pool], a)
+	case a.Held():
+		pl.unbound[a.Pool] = append(pl.unbound[a.Pool], a)
+		pl.ownUnbound[a.JobID] = true
+		switch {
+		case a.Warm && a.Ready && !a.Assigned: // claimed and booted: mint its JIT config
+			plan.Mint = append(plan.Mint, a)
+		case !a.Warm && !a.Placed:
+			plan.Mint = append(plan.Mint, a)
+		}
+		if (a.Warm && a.Claimed && !a.Assigned) || (!a.Warm && !a.Placed) {
+			pl.unminted[a.Pool]++
+		}
+	case a.Released && a.Placed && !a.TeardownReq && !a.Stopped:
+		plan.Teardown = append(plan.Teardown, teardown(a, a.ReleaseReason))
+	}
+}
+
+// book matches one pool's demand with its supply: it gives back surplus
+// runners, or books slots (claiming free warm VMs first) for the jobs no
+// runner serves, oldest first. It returns the warm VMs left free.
+func (pl *planner) book(pool string, free []*events.Attempt) []*events.Attempt {
+	jobs, supply := pl.demand[pool], pl.unbound[pool]
+	if surplus := len(supply) - len(jobs); surplus > 0 {
+		pl.giveBack(supply, surplus)
+		return free
+	}
+	need := len(jobs) - len(supply)
+	if need <= 0 {
+		return free
+	}
+	// Jobs with a runner of their own booked need nothing more; the
+	// runner may take another job (law 8), which is why they count in
+	// need but are not booked again.
+	waiting := jobs[:0:0]
+	for _, j := range jobs {
+		if !pl.ownUnbound[j.ID] {
+			waiting = append(waiting, j)
+		}
+	}
+	for oldest := oldestFirst(waiting); need > 0 && oldest.Len() > 0; need-- {
+		if pl.p.MaxUnminted > 0 && pl.unminted[pool] >= pl.p.MaxUnminted {
+			break // the JIT-config calls are behind: the rest waits as demand
+		}
+		var ok bool
+		if free, ok = pl.bookJob(pool, oldest.next(), free); !ok {
+			break // no free slot or physical room: the job stays demand
+		}
+	}
+	return free
+}
+
+// giveBack releases (or, when registered, deregisters) the surplus
+// runners that cost least to lose.
+func (pl *planner) giveBack(supply []*events.Attempt, surplus int) {
+	for _, a := range leastAdvanced(supply, surplus) {
+		if pl.expiring[a.ID] {
+			continue // already planned
+		}
+		if a.Placed && a.RunnerID != 0 && !a.Deregistered {
+			pl.plan.Deregister = append(pl.plan.Deregister, a)
+		} else {
+			pl.plan.Release = append(pl.plan.Release, release(a, events.ReleaseSurplus))
+		}
+	}
+}
+
+// bookJob serves one waiting job: unschedulable after MaxAttempts failed
+// placements, else an idle (or booting) warm VM claimed by a fact before
+// anything is minted (no job waits for a cold boot while one exists), else
+// a fresh slot on the best host. ok is false when no host has room.
+func (pl *planner) bookJob(pool string, j *events.Job, free []*events.Attempt) (rest []*events.Attempt, ok bool) {
+	plan := &pl.plan
+	if j.FailedAttempts >= pl.p.MaxAttempts {
+		plan.Unschedulable = append(plan.Unschedulable, events.JobUnschedulable{
+			JobID: j.ID, Attempts: j.FailedAttempts,
+			Reason: "every placement failed before a runner took a job; check the backend's create step and the agents' logs"})
+		return free, true
+	}
+	if len(free) > 0 {
+		a := free[0]
+		plan.Claim = append(plan.Claim, events.AttemptClaimed{Pool: pool, Host: a.Host, Attempt: a.ID, JobID: j.ID})
+		pl.unminted[pool]++
+		return free[1:], true
+	}
+	host := pickHost(pl.f, pool, pl.booked, pl.heldNow, false)
+	if host == "" {
+		return free, false
+	}
+	pl.booked[host]++
+	pl.heldNow[[2]string{host, pool}]++
+	n := j.Minted + 1
+	plan.Reserve = append(plan.Reserve, events.SlotReserved{
+		Pool: pool, Host: host, Attempt: events.AttemptID(j.ID, n), JobID: j.ID, N: n, Labels: pl.labels[pool]})
+	pl.unminted[pool]++
+	return free, true
 }
 
 // withoutReleased drops, from what the plan mints and boots, the attempts

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/clock"
 	"github.com/berth-ci/berth/services/crashpoint"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/nats-io/nkeys"
@@ -74,21 +75,22 @@ type Options struct {
 	Logger      *slog.Logger
 }
 
-// Dispatcher is the act shell around Decide: it folds the log, appends the
-// plan, and mints JIT configs off the loop.
+// Dispatcher is the act shell around Decide: the embedded eventlog.Shell
+// folds the log and appends the plan; the dispatcher adds the calls only it
+// makes (JIT configs, deregistrations, reconcile reads), each off the loop.
 type Dispatcher struct {
-	Loop     *eventlog.Loop
-	log      *eventlog.Appender
+	*eventlog.Shell
 	minter   Minter
 	opts     Options
 	curve    nkeys.KeyPair
 	curvePub string
 	metrics  *Metrics
 
-	fleet        *events.Fleet
-	pending      map[string]time.Time // event or mint ids in flight → when
-	minting      chan struct{}        // one token per JIT-config call in flight
-	minted       sync.Map             // attempt id → mintedPlacement, until the fold shows it
+	minting chan struct{} // one token per JIT-config call in flight
+	minted  sync.Map      // attempt id → mintedPlacement, until the fold shows it
+	// refused: attempts whose JIT config GitHub refused → release reason,
+	// until the fold shows the slot released (Params.Refused).
+	refused      map[string]string
 	lastCompact  time.Time
 	warnedUntil  time.Time
 	lastObserve  time.Time
@@ -130,10 +132,21 @@ func New(loop *eventlog.Loop, app *eventlog.Appender, m Minter, opts Options, me
 		return nil, fmt.Errorf("curve key: %w", err)
 	}
 	pub, _ := kp.PublicKey()
-	return &Dispatcher{Loop: loop, log: app, minter: m, opts: opts, curve: kp, curvePub: pub,
-		metrics: metrics, fleet: events.NewFleet(), pending: map[string]time.Time{}, busy: map[string]time.Time{},
-		minting:     make(chan struct{}, opts.MintConcurrency),
-		redelivered: map[string]time.Time{}, started: opts.Now()}, nil
+	d := &Dispatcher{Shell: eventlog.NewShell(loop, app, clock.WithNow(opts.Now), opts.Logger),
+		minter: m, opts: opts, curve: kp, curvePub: pub, metrics: metrics, refused: map[string]string{},
+		busy: map[string]time.Time{}, minting: make(chan struct{}, opts.MintConcurrency),
+		redelivered: map[string]time.Time{}, started: opts.Now()}
+	d.Crash = map[string][2]string{
+		events.TypeSlotReleased: {crashpoint.DispatcherBeforeRelease, crashpoint.DispatcherAfterRelease},
+		events.TypeSlotReserved: {"", crashpoint.DispatcherAfterReserve},
+	}
+	d.Skipped = metrics.skipped
+	d.Stored = func(st events.Step) {
+		if _, ok := st.Fact.(events.JobConflict); ok {
+			metrics.conflicts.Inc()
+		}
+	}
+	return d, nil
 }
 
 // Run drives the dispatcher until ctx ends, then waits for its mints.
@@ -144,15 +157,10 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 
 // Apply implements eventlog.Reactor.
 func (d *Dispatcher) Apply(del eventlog.Delivered) {
-	if del.Err != nil {
-		d.metrics.skipped(del.Err)
-		d.opts.Logger.Warn("skipping event", "seq", del.Event.Seq, "err", del.Err)
-		d.fleet.Skip(del.Event.Seq, del.Event.Subject)
-		return
+	if del.Err == nil {
+		d.observeLatency(del.Event)
 	}
-	d.observeLatency(del.Event)
-	d.fleet.Apply(del.Event)
-	delete(d.pending, del.Event.ID)
+	d.Shell.Apply(del)
 }
 
 // observeLatency feeds the queue-time and time-to-runner-online histograms
@@ -165,21 +173,21 @@ func (d *Dispatcher) observeLatency(e events.Event) {
 	}
 	switch v := e.Data.(type) {
 	case *events.JobInProgress:
-		j := d.fleet.Jobs[v.JobID]
+		j := d.Fold.Jobs[v.JobID]
 		if j == nil || j.QueuedAt.IsZero() || j.Status >= events.StatusInProgress {
 			return
 		}
 		pool := "unknown" // a runner that is not Berth's
-		if a := d.fleet.Attempts[v.RunnerName]; a != nil {
+		if a := d.Fold.Attempts[v.RunnerName]; a != nil {
 			pool = a.Pool
 		}
 		d.metrics.queueSeconds.WithLabelValues(pool).Observe(e.Time.Sub(j.QueuedAt).Seconds())
 	case *events.AttemptRunnerStarted:
-		a := d.fleet.Attempts[v.Attempt]
+		a := d.Fold.Attempts[v.Attempt]
 		if a == nil || a.RunnerStarted {
 			return
 		}
-		if j := d.fleet.Jobs[a.JobID]; j != nil && !j.QueuedAt.IsZero() {
+		if j := d.Fold.Jobs[a.JobID]; j != nil && !j.QueuedAt.IsZero() {
 			start := "cold"
 			if a.Warm {
 				start = "warm"
@@ -189,101 +197,44 @@ func (d *Dispatcher) observeLatency(e events.Event) {
 	}
 }
 
-// pendingFor is how long an appended fact or a mint is trusted to show up
-// in the fold before the dispatcher tries again.
-const pendingFor = 10 * time.Second
-
-func (d *Dispatcher) inFlight(id string, now time.Time) bool {
-	at, ok := d.pending[id]
-	return ok && now.Sub(at) < pendingFor
-}
-
-// Decide implements eventlog.Reactor: it appends the plan in the order that
-// keeps the laws: releases first (law 2), then teardowns, then bookings, and
-// mints last, off the loop.
+// Decide implements eventlog.Reactor: it asks the pure Decide for a plan
+// and executes it; mints and deregistrations go off the loop.
 func (d *Dispatcher) Decide(ctx context.Context) {
 	now := d.opts.Now()
 	params := d.opts.Params
-	params.Now = now
-	plan := Decide(d.fleet, params)
-	for _, r := range plan.Release {
-		crashpoint.Hit(crashpoint.DispatcherBeforeRelease)
-		if d.appendPool(ctx, now, r, r.Pool) == nil {
-			crashpoint.Hit(crashpoint.DispatcherAfterRelease)
-		}
-	}
-	for _, t := range plan.Teardown {
-		d.append(ctx, now, t, nil)
-	}
-	for _, u := range plan.Unschedulable {
-		d.append(ctx, now, u, nil)
-	}
-	for _, c := range plan.Conflicts {
-		if d.inFlight(c.EventID(), now) {
-			continue // appended, not folded back yet: counted once
-		}
-		if d.append(ctx, now, c, nil) == nil {
-			d.metrics.conflicts.Inc()
-			d.opts.Logger.Warn("GitHub reported a job on a runner that runs another job; the runner keeps its first job and this job gets a VM of its own (BL-17)",
-				"job", c.JobID, "runner", c.Runner, "runner_job", c.BoundJob)
-		}
-	}
+	params.Now, params.Refused = now, d.refused
 	if blocked, until := d.rateLimited(now); blocked {
-		// Call GitHub for nothing until it allows calls again: no bookings
-		// to mint for, no mints, no deregistrations; demand waits.
-		plan.Reserve, plan.Mint, plan.Deregister, plan.Cleanup = nil, nil, nil, nil
+		params.Blocked = true
 		if !d.warnedUntil.Equal(until) {
 			d.warnedUntil = until
 			d.opts.Logger.Warn("GitHub rate limit: no new bookings or JIT configs until the reset; queued jobs wait",
 				"until", until.Format(time.RFC3339))
 		}
 	}
-	conflicted := map[string]bool{}
-	for _, c := range plan.Claim {
-		if conflicted[c.Pool] {
-			continue
-		}
-		if err := d.appendPool(ctx, now, c, c.Pool); errors.Is(err, eventlog.ErrConflict) {
-			conflicted[c.Pool] = true // re-read the ledger, decide again
-		}
-	}
-	for _, r := range plan.Reserve {
-		if conflicted[r.Pool] {
-			continue
-		}
-		if err := d.appendPool(ctx, now, r, r.Pool); errors.Is(err, eventlog.ErrConflict) {
-			conflicted[r.Pool] = true // re-read the ledger, decide again
-		} else if err == nil {
-			crashpoint.Hit(crashpoint.DispatcherAfterReserve)
-			// Stored and folded (foldOwn): mint for it in this round rather
-			// than when it comes back through the consumer, a hop on every
-			// job's path to its runner. A duplicate another replica stored
-			// is not in the fold, and a warm VM is booted, not minted for.
-			if a := d.fleet.Attempts[r.Attempt]; a != nil && a.Held() && !a.Placed && !a.Warm {
-				plan.Mint = append(plan.Mint, a)
-			}
-		}
-	}
-	for _, pl := range plan.Place {
-		d.append(ctx, now, pl, nil) // boots a warm VM: nothing minted, nothing asked of GitHub
-	}
-	for _, a := range plan.Mint {
-		d.mint(ctx, now, a)
-	}
-	for _, a := range plan.Deregister {
-		d.deregister(ctx, now, a)
-	}
-	for _, a := range plan.Cleanup {
-		d.deregister(ctx, now, a)
-	}
+	d.Execute(ctx, Decide(d.Fold, params).Steps(), d.call)
 	d.reconcile(ctx, now)
 	d.housekeep(now)
 	// Gauges from a full status view once a second, not on every batch:
 	// the view is O(fleet) and decisions must stay cheap.
 	if now.Sub(d.lastObserve) >= time.Second {
 		d.lastObserve = now
-		d.metrics.observe(d.fleet, d.opts.Params.Warm, now)
+		d.metrics.observe(d.Fold, d.opts.Params.Warm, now)
 		d.metrics.observeBudget(d.opts.Budget, now)
+	}
+}
+
+// call makes one of the plan's GitHub calls, for an attempt the fold still
+// holds.
+func (d *Dispatcher) call(ctx context.Context, c events.Call) {
+	switch c := c.(type) {
+	case MintCall:
+		if a := d.Fold.Attempts[c.Attempt]; a != nil && a.Held() {
+			d.mint(ctx, a)
+		}
+	case DeregisterCall:
+		if a := d.Fold.Attempts[c.Attempt]; a != nil {
+			d.deregister(ctx, a)
+		}
 	}
 }
 
@@ -294,11 +245,12 @@ func (d *Dispatcher) housekeep(now time.Time) {
 		return
 	}
 	d.lastCompact = now
-	d.fleet.Compact(now, d.opts.Retention)
+	d.Fold.Compact(now, d.opts.Retention)
 	d.forgetMinted()
-	for id, at := range d.pending {
-		if now.Sub(at) >= pendingFor {
-			delete(d.pending, id)
+	d.Housekeep()
+	for id := range d.refused {
+		if a := d.Fold.Attempts[id]; a == nil || !a.Held() {
+			delete(d.refused, id)
 		}
 	}
 	for id, until := range d.busy {
@@ -320,80 +272,11 @@ func (d *Dispatcher) rateLimited(now time.Time) (bool, time.Time) {
 	return d.opts.Budget.Blocked(now)
 }
 
-// appendPool appends to a pool's ledger with optimistic concurrency: it
-// succeeds only if nobody, this dispatcher included, wrote to the ledger
-// since the fold last saw it.
-func (d *Dispatcher) appendPool(ctx context.Context, now time.Time, p events.Payload, pool string) error {
-	var expect uint64
-	if seq := d.fleet.Pools[pool]; seq != nil {
-		expect = seq.LastSeq
-	}
-	return d.append(ctx, now, p, &expect)
-}
-
-func (d *Dispatcher) append(ctx context.Context, now time.Time, p events.Payload, expect *uint64) error {
-	ev := d.log.New(now, p)
-	if d.inFlight(ev.ID, now) {
-		return nil
-	}
-	seq, dup, err := d.log.Append(ctx, ev, expect)
-	if err != nil {
-		if !errors.Is(err, eventlog.ErrConflict) {
-			d.opts.Logger.Warn("append failed; will retry", "event", ev.ID, "err", err)
-		}
-		return err
-	}
-	d.pending[ev.ID] = now
-	if expect != nil && !dup {
-		// Not on a duplicate: the fact stored under this id may be another
-		// replica's, with other contents (another host for the same
-		// attempt); the fold must learn it from the log, not from us. A
-		// clustered stream answers duplicate before it checks the expected
-		// sequence, so this is reached whenever a lagging replica books an
-		// attempt id another already booked.
-		d.foldOwn(ev, seq)
-	}
-	d.opts.Logger.Debug("appended", "event", ev.ID, "type", ev.Type(), "seq", seq)
-	return nil
-}
-
-// foldOwn folds a ledger fact this dispatcher just stored, before it comes
-// back through the consumer. The expected-sequence check proved nothing
-// else reached the ledger in between, so the fold then holds the whole
-// ledger up to seq and the next booking, in this round or the next, both
-// counts this one and chains onto it. (Chaining the sequence without
-// folding the fact let a booking through on a fold that did not count the
-// one before it: over-booking.) The fold is idempotent, so the delivery
-// that follows changes nothing.
-func (d *Dispatcher) foldOwn(ev events.Event, seq uint64) {
-	b, err := events.Marshal(ev)
-	if err != nil {
-		return
-	}
-	stored, err := events.Unmarshal(b, seq) // the payload as the log gives it back
-	if err != nil {
-		return
-	}
-	stored.Seq, stored.Subject = seq, ev.Subject
-	d.fleet.Apply(stored)
-}
-
-func poolOf(p events.Payload) string {
-	switch v := p.(type) {
-	case events.SlotReserved:
-		return v.Pool
-	case events.SlotReleased:
-		return v.Pool
-	case events.AttemptClaimed:
-		return v.Pool
-	}
-	return ""
-}
-
 // mint asks GitHub for a JIT config off the loop, bounded by MintTimeout
 // (law 3), seals it to the host's curve key and appends the placement. A
-// refusal releases the slot so the job is booked again with a fresh attempt.
-func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt) {
+// refusal is recorded for Decide, which releases the slot so the job is
+// booked again with a fresh attempt.
+func (d *Dispatcher) mint(ctx context.Context, a *events.Attempt) {
 	if _, ok := d.minted.Load(a.ID); ok {
 		// GitHub answered already: never ask twice for one runner name (a
 		// second call meets 409). The placement waits on the loop, or its
@@ -401,12 +284,12 @@ func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt)
 		d.place(ctx, a.ID)
 		return
 	}
-	key := a.ID + "/mint"
-	if d.inFlight(key, now) {
+	key := MintCall{a.ID}.CallKey()
+	if d.InFlight(key) {
 		return
 	}
-	host := d.fleet.Hosts[a.Host]
-	job := d.fleet.Jobs[a.JobID]
+	host := d.Fold.Hosts[a.Host]
+	job := d.Fold.Jobs[a.JobID]
 	if host == nil || host.CurveKey == "" || job == nil {
 		return
 	}
@@ -415,7 +298,7 @@ func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt)
 	default:
 		return // every call in flight: a later round mints it
 	}
-	d.pending[key] = now
+	d.MarkInFlight(key)
 	req := MintRequest{RunnerName: a.ID, Labels: a.Labels, Org: job.Org, Repo: job.Repo}
 	ref := events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}
 	jobID, sealTo, warm := a.JobID, host.CurveKey, a.Warm
@@ -430,31 +313,7 @@ func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt)
 		runnerID, jit, err := d.minter.Mint(mctx, req)
 		d.metrics.mintSeconds.Observe(time.Since(start).Seconds())
 		if err != nil {
-			if RateLimited(err) && d.opts.Budget != nil {
-				// Hold no slot while GitHub says to wait (BL-12): give it
-				// back without counting a failed attempt; the job stays
-				// demand and is booked again once the budget allows calls.
-				logger.Warn("GitHub rate limit on the JIT config; the slot goes back and the job waits as demand", "err", err)
-				d.Loop.Post(ctx, func() {
-					if a := d.fleet.Attempts[ref.Attempt]; a == nil || !a.Held() || a.Placed {
-						return
-					}
-					d.appendPool(ctx, d.opts.Now(), events.SlotReleased{Pool: ref.Pool, Host: ref.Host, Attempt: ref.Attempt,
-						Reason: events.ReleaseRateLimited, JobID: jobID}, ref.Pool)
-				})
-				return
-			}
-			if MintRetryable(err) {
-				// Not a refusal: the slot stays booked and the mint is tried
-				// again; the provisioning deadline bounds the retries.
-				logger.Warn("JIT config not minted yet; will retry", "err", err)
-				return
-			}
-			logger.Warn("JIT config refused; releasing the slot so the job is booked again", "err", err)
-			d.Loop.Post(ctx, func() {
-				d.appendPool(ctx, d.opts.Now(), events.SlotReleased{Pool: ref.Pool, Host: ref.Host, Attempt: ref.Attempt,
-					Reason: events.ReleaseMintFailed, JobID: jobID}, ref.Pool)
-			})
+			d.mintFailed(ctx, ref.Attempt, warm, err, logger)
 			return
 		}
 		crashpoint.Hit(crashpoint.DispatcherAfterMint)
@@ -476,6 +335,30 @@ func (d *Dispatcher) mint(ctx context.Context, now time.Time, a *events.Attempt)
 	}()
 }
 
+// mintFailed records, on the loop, what a refused mint means for Decide:
+// a refusal gives the slot back (the job is booked again with a fresh
+// attempt); a rate limit gives it back without counting a failed attempt
+// (BL-12: hold no slot while GitHub says to wait); anything else leaves
+// the booking for a retry, bounded by the provisioning deadline.
+func (d *Dispatcher) mintFailed(ctx context.Context, attempt string, warm bool, err error, logger *slog.Logger) {
+	reason := events.ReleaseMintFailed
+	switch {
+	case RateLimited(err) && d.opts.Budget != nil:
+		if warm {
+			logger.Warn("GitHub rate limit on the JIT config; the claimed warm VM waits", "err", err)
+			return
+		}
+		logger.Warn("GitHub rate limit on the JIT config; the slot goes back and the job waits as demand", "err", err)
+		reason = events.ReleaseRateLimited
+	case MintRetryable(err):
+		logger.Warn("JIT config not minted yet; will retry", "err", err)
+		return
+	default:
+		logger.Warn("JIT config refused; releasing the slot so the job is booked again", "err", err)
+	}
+	d.Loop.Post(ctx, func() { d.refused[attempt] = reason })
+}
+
 // mintedPlacement is a placement GitHub's answer produced, kept until the
 // fold shows it: a runner name is minted once (a second call meets 409).
 type mintedPlacement struct {
@@ -492,7 +375,7 @@ func (d *Dispatcher) place(ctx context.Context, attempt string) {
 	}
 	m := v.(mintedPlacement)
 	_, warm := m.fact.(events.AttemptAssigned)
-	a := d.fleet.Attempts[attempt]
+	a := d.Fold.Attempts[attempt]
 	switch {
 	case a == nil || !a.Held():
 		d.minted.Delete(attempt)
@@ -503,7 +386,7 @@ func (d *Dispatcher) place(ctx context.Context, attempt string) {
 		return
 	}
 	logger := d.opts.Logger.With("attempt", a.ID, "pool", a.Pool, "host", a.Host, "job", a.JobID)
-	if err := d.append(ctx, d.opts.Now(), m.fact, nil); err != nil {
+	if err := d.Append(ctx, m.fact); err != nil {
 		logger.Warn("placement append failed; the next round appends it again", "err", err)
 		return
 	}
@@ -520,7 +403,7 @@ func (d *Dispatcher) place(ctx context.Context, attempt string) {
 func (d *Dispatcher) forgetMinted() {
 	d.minted.Range(func(k, v any) bool {
 		_, warm := v.(mintedPlacement).fact.(events.AttemptAssigned)
-		if a := d.fleet.Attempts[k.(string)]; a == nil || !a.Held() || (!warm && a.Placed) || (warm && a.Assigned) {
+		if a := d.Fold.Attempts[k.(string)]; a == nil || !a.Held() || (!warm && a.Placed) || (warm && a.Assigned) {
 			d.minted.Delete(k)
 		}
 		return true
@@ -542,13 +425,13 @@ func (d *Dispatcher) reconcile(ctx context.Context, now time.Time) {
 	d.lastRecon = now
 	d.redeliver(ctx, now)
 	var jobs []events.Job // copies: the goroutine must not read the fold
-	for _, j := range ReconcileCandidates(d.fleet, now, r) {
+	for _, j := range ReconcileCandidates(d.Fold, now, r) {
 		jobs = append(jobs, *j)
 	}
 	lister, _ := d.minter.(QueuedLister)
 	var repos [][2]string
 	if lister != nil {
-		repos = ReconcileRepos(d.fleet)
+		repos = ReconcileRepos(d.Fold)
 	}
 	if len(jobs) == 0 && len(repos) == 0 {
 		return
@@ -567,7 +450,7 @@ func (d *Dispatcher) reconcile(ctx context.Context, now time.Time) {
 			}
 			if p := ReconcileFact(&j, s); p != nil {
 				d.opts.Logger.Warn("a webhook went missing; the API says the job moved on", "job", j.ID, "status", s.Status)
-				if _, _, err := d.log.Append(ctx, d.log.New(d.opts.Now(), p), nil); err != nil {
+				if _, _, err := d.Log.Append(ctx, d.Log.New(d.opts.Now(), p), nil); err != nil {
 					d.opts.Logger.Warn("reconciled fact not stored; the next round retries", "job", j.ID, "err", err)
 				}
 			}
@@ -580,24 +463,25 @@ func (d *Dispatcher) reconcile(ctx context.Context, now time.Time) {
 const busyFor = time.Minute
 
 // deregister deletes a surplus runner's registration off the loop, bounded
-// by MintTimeout, and releases its slot only once GitHub confirms the
-// runner is gone: a runner that already took a job is never torn down on
-// the strength of a webhook that has not arrived (law 7).
-func (d *Dispatcher) deregister(ctx context.Context, now time.Time, a *events.Attempt) {
-	key := a.ID + "/deregister"
-	if d.inFlight(key, now) {
+// by MintTimeout. GitHub's confirmation is appended as a fact, from which
+// Decide releases the slot: a runner that already took a job is never torn
+// down on the strength of a webhook that has not arrived (law 7), and a
+// lost append is decided again.
+func (d *Dispatcher) deregister(ctx context.Context, a *events.Attempt) {
+	key := DeregisterCall{a.ID}.CallKey()
+	if d.InFlight(key) {
 		return
 	}
-	if until, busy := d.busy[a.ID]; busy && now.Before(until) {
+	if until, busy := d.busy[a.ID]; busy && d.Now().Before(until) {
 		return
 	}
-	job := d.fleet.Jobs[a.JobID]
+	job := d.Fold.Jobs[a.JobID]
 	if job == nil {
 		return
 	}
-	d.pending[key] = now
+	d.MarkInFlight(key)
 	ref := events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}
-	runnerID, jobID, org, repo := a.RunnerID, a.JobID, job.Org, job.Repo
+	runnerID, org, repo := a.RunnerID, job.Org, job.Repo
 	logger := d.opts.Logger.With("attempt", a.ID, "pool", a.Pool, "host", a.Host)
 	d.wg.Add(1)
 	go func() {
@@ -608,28 +492,18 @@ func (d *Dispatcher) deregister(ctx context.Context, now time.Time, a *events.At
 		d.Loop.Post(ctx, func() {
 			switch {
 			case errors.Is(err, ErrRunnerBusy):
-				delete(d.pending, key)
+				d.Forget(key)
 				logger.Info("runner is running a job; leaving it (its in_progress webhook is on the way)")
-				d.busy[ref.Attempt] = d.opts.Now().Add(busyFor)
+				d.busy[ref.Attempt] = d.Now().Add(busyFor)
 			case err != nil:
-				delete(d.pending, key)
+				d.Forget(key)
 				logger.Warn("could not deregister a surplus runner; will retry", "err", err)
 			default:
 				// Still in flight until the fold shows the fact below: a
 				// decision taken before that must not call DELETE again.
-				d.pending[key] = d.opts.Now()
-				d.append(ctx, d.opts.Now(), events.AttemptDeregistered{AttemptRef: ref, RunnerID: runnerID}, nil)
-				if cur := d.fleet.Attempts[ref.Attempt]; cur != nil && cur.Held() && d.fleet.BoundJob(ref.Attempt) == 0 {
-					params := d.opts.Params
-					params.Now = d.opts.Now()
-					reason := params.Expired(d.fleet, cur)
-					if reason == "" {
-						reason = events.ReleaseSurplus
-					}
-					logger.Info("runner deregistered; releasing its slot", "reason", reason)
-					d.appendPool(ctx, d.opts.Now(), events.SlotReleased{Pool: ref.Pool, Host: ref.Host, Attempt: ref.Attempt,
-						Reason: reason, JobID: jobID}, ref.Pool)
-				}
+				d.MarkInFlight(key)
+				logger.Info("runner deregistered; its slot is released from the fact")
+				_ = d.Append(ctx, events.AttemptDeregistered{AttemptRef: ref, RunnerID: runnerID})
 			}
 		})
 	}()
@@ -637,20 +511,4 @@ func (d *Dispatcher) deregister(ctx context.Context, now time.Time, a *events.At
 
 // Fleet exposes the fold for health and tests; call it only from the loop
 // (e.g. inside Loop.Post).
-func (d *Dispatcher) Fleet() *events.Fleet { return d.fleet }
-
-// Snapshot runs fn on the dispatcher's loop with its fold and waits for it
-// (up to ctx). It is how tests and health read the live projection safely.
-func (d *Dispatcher) Snapshot(ctx context.Context, fn func(*events.Fleet)) error {
-	done := make(chan struct{})
-	d.Loop.Post(ctx, func() {
-		fn(d.fleet)
-		close(done)
-	})
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("dispatcher loop did not answer: %w", ctx.Err())
-	}
-}
+func (d *Dispatcher) Fleet() *events.Fleet { return d.Fold }

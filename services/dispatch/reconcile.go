@@ -220,9 +220,9 @@ func (d *Dispatcher) findQueued(ctx context.Context, lister QueuedLister, repos 
 		return
 	}
 	d.Loop.Post(ctx, func() {
-		for _, q := range UnknownQueued(d.fleet, found) {
+		for _, q := range UnknownQueued(d.Fold, found) {
 			d.opts.Logger.Warn("a queued job no webhook told of; the API lists it", "job", q.JobID, "org", q.Org, "repo", q.Repo)
-			_ = d.append(ctx, d.opts.Now(), q, nil)
+			_ = d.Append(ctx, q)
 		}
 	})
 }

@@ -203,7 +203,7 @@ func (d *Dispatcher) redeliver(ctx context.Context, now time.Time) {
 			return
 		}
 		d.Loop.Post(ctx, func() {
-			picked := RedeliveryCandidates(d.fleet, rows, d.opts.Now(), limit, func(guid string) bool {
+			picked := RedeliveryCandidates(d.Fold, rows, d.opts.Now(), limit, func(guid string) bool {
 				_, asked := d.redelivered[guid]
 				return asked
 			})

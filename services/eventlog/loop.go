@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/clock"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -56,6 +57,10 @@ type Loop struct {
 	// Consumer, when set, reads through a durable consumer with explicit
 	// acks (services); nil reads with an ordered consumer (tools, tests).
 	Consumer *Consumer
+	// Clock drives the tick, and so every deadline the reactor decides on
+	// (nil: the wall clock). Tests give a clock.Fake and advance it; the
+	// gap, acks and snapshots pace real work and stay on wall time.
+	Clock clock.Clock
 	// Gap, when set, is the least time between two Decides that new facts
 	// trigger: facts that arrive sooner are folded at once and decided on
 	// together when the gap is over (their acks wait for that Decide). A
@@ -103,62 +108,17 @@ func (l *Loop) LastProgress() time.Time { return time.Unix(0, l.progress.Load())
 // Run follows the log from the start and drives r until ctx ends.
 func (l *Loop) Run(ctx context.Context, r Reactor) error {
 	l.init()
-	tick := l.Tick
-	if tick == 0 {
-		tick = time.Second
-	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	snap := l.restore(ctx, r)
-	if err := CheckCovers(ctx, l.JS, snap.seq); errors.Is(err, ErrTruncated) {
-		// Not fatal: what expired is older than any job the fold still
-		// keeps (config validation ties max_age to the retention), but a
-		// host that announced itself before then is unknown until it
-		// announces again. Health shows it so an operator restarts agents.
-		msg := err.Error() + "; restart the vmagents so hosts announce themselves again, and keep snapshots (berth_snapshots) to avoid this"
-		l.truncated.Store(&msg)
-		slog.Error("starting from a truncated log", "reader", l.reader(), "err", msg)
-	}
-	ch := make(chan Delivered, 1024)
-	errc := make(chan error, 1)
-	if l.Consumer != nil {
-		f := newFollower(l.JS, *l.Consumer, l.Filters)
-		l.follower.Store(f)
-		go func() { errc <- f.run(ctx, snap.seq+1, ch) }()
-	} else {
-		go func() { errc <- Follow(ctx, l.JS, l.Filters, snap.seq+1, ch) }()
-	}
-	t := time.NewTicker(tick)
+	l.checkCovers(ctx, snap.seq)
+	ch, errc := l.follow(ctx, snap.seq)
+	t := clock.Or(l.Clock).NewTicker(l.tick())
 	defer t.Stop()
 	l.progress.Store(time.Now().UnixNano())
-	// Caught up means the fold holds every fact the filters match that was
-	// in the log at start: only then may Decide act (an agent deciding on a
-	// fold that has an attempt's placement but not yet its later facts
-	// would create a VM that was created and stopped long ago). A log the
-	// snapshot already covers is caught up at once; otherwise a delivery
-	// with nothing pending after it, or reaching the target, tells. Silence
-	// is never taken for "caught up": a consumer stalled by a NATS outage
-	// delivers nothing for a while.
-	if target, err := l.filteredLast(ctx); err == nil {
-		l.target.Store(target)
-		l.targetKnown.Store(true)
-		if target <= snap.seq {
-			l.caughtUp.Store(true)
-			r.Decide(ctx) // nothing will arrive to trigger it before the first tick
-		}
-	}
-	if !l.caughtUp.Load() {
-		go l.refreshTarget(ctx, tick)
-	}
-	var batch []Delivered // applied, not yet acked
-	var lastDecide time.Time
-	var gap *time.Timer // armed while facts wait for the gap to end
-	var gapC <-chan time.Time
-	defer func() {
-		if gap != nil {
-			gap.Stop()
-		}
-	}()
+	l.startCatchUp(ctx, r, snap, l.tick())
+	tn := &turn{}
+	defer tn.stopGap()
 	for {
 		decide, byFacts := false, false
 		select {
@@ -172,66 +132,163 @@ func (l *Loop) Run(ctx context.Context, r Reactor) error {
 			}
 			return err
 		case fn := <-l.inbox:
-			fn()
-			// Run what else is posted before deciding: under load the mint
-			// calls' answers queue here, and a Decide after each one would
-			// walk the live fleet once per placement.
-			for n := len(l.inbox); n > 0; n-- {
-				(<-l.inbox)()
-			}
+			l.runPosted(fn)
 			decide = true
-		case <-gapC:
-			gapC = nil
+		case <-tn.gapC:
+			tn.gapC = nil
 			decide = true
-		case <-t.C:
+		case <-t.C():
 			decide = true
 			if !l.caughtUp.Load() && l.targetKnown.Load() && l.target.Load() <= max(snap.seq, l.lastSeq.Load()) {
 				l.caughtUp.Store(true)
 			}
 			l.save(ctx, snap)
 		case d := <-ch:
-			batch = l.apply(ctx, r, d, batch)
-			// Drain what is already buffered so Decide sees a batch.
-			for drained := false; !drained; {
-				select {
-				case d := <-ch:
-					batch = l.apply(ctx, r, d, batch)
-				default:
-					drained = true
-				}
-			}
+			tn.batch = l.applyBuffered(ctx, r, d, ch, tn.batch)
 			decide, byFacts = true, true
 		}
-		if byFacts && l.Gap > 0 && l.caughtUp.Load() {
-			if wait := l.Gap - time.Since(lastDecide); wait > 0 {
-				if gapC == nil {
-					if gap == nil {
-						gap = time.NewTimer(wait)
-					} else {
-						gap.Reset(wait)
-					}
-					gapC = gap.C
-				}
-				l.progress.Store(time.Now().UnixNano())
-				continue // decided on, and acked, when the gap ends
-			}
-		}
-		if decide && l.caughtUp.Load() {
-			l.decide(ctx, r, batch)
-			lastDecide = time.Now()
-			if gapC != nil {
-				gap.Stop() // this Decide saw what the gap held back
-				gapC = nil
-			}
-		}
-		// Ack only now: the batch is folded and, once caught up, Decide
-		// has stored the reaction's own facts (its appends are synchronous).
-		for _, d := range batch {
-			d.ack()
-		}
-		batch = batch[:0]
-		l.progress.Store(time.Now().UnixNano())
+		l.endTurn(ctx, r, tn, decide, byFacts)
 	}
+}
+
+func (l *Loop) tick() time.Duration {
+	if l.Tick == 0 {
+		return time.Second
+	}
+	return l.Tick
+}
+
+// checkCovers records, for health, a start on a log whose oldest facts
+// expired before the snapshot covered them.
+func (l *Loop) checkCovers(ctx context.Context, seq uint64) {
+	if err := CheckCovers(ctx, l.JS, seq); errors.Is(err, ErrTruncated) {
+		// Not fatal: what expired is older than any job the fold still
+		// keeps (config validation ties max_age to the retention), but a
+		// host that announced itself before then is unknown until it
+		// announces again. Health shows it so an operator restarts agents.
+		msg := err.Error() + "; restart the vmagents so hosts announce themselves again, and keep snapshots (berth_snapshots) to avoid this"
+		l.truncated.Store(&msg)
+		slog.Error("starting from a truncated log", "reader", l.reader(), "err", msg)
+	}
+}
+
+// follow starts delivering facts after seq: through the durable consumer
+// when the loop has one, through an ordered consumer otherwise.
+func (l *Loop) follow(ctx context.Context, seq uint64) (<-chan Delivered, <-chan error) {
+	ch := make(chan Delivered, 1024)
+	errc := make(chan error, 1)
+	if l.Consumer != nil {
+		f := newFollower(l.JS, *l.Consumer, l.Filters)
+		l.follower.Store(f)
+		go func() { errc <- f.run(ctx, seq+1, ch) }()
+	} else {
+		go func() { errc <- Follow(ctx, l.JS, l.Filters, seq+1, ch) }()
+	}
+	return ch, errc
+}
+
+// startCatchUp reads where the log stood at start. Caught up means the fold
+// holds every fact the filters match that was in the log at start: only
+// then may Decide act (an agent deciding on a fold that has an attempt's
+// placement but not yet its later facts would create a VM that was created
+// and stopped long ago). A log the snapshot already covers is caught up at
+// once; otherwise a delivery with nothing pending after it, or reaching
+// the target, tells. Silence is never taken for "caught up": a consumer
+// stalled by a NATS outage delivers nothing for a while.
+func (l *Loop) startCatchUp(ctx context.Context, r Reactor, snap *snapState, every time.Duration) {
+	if target, err := l.filteredLast(ctx); err == nil {
+		l.target.Store(target)
+		l.targetKnown.Store(true)
+		if target <= snap.seq {
+			l.caughtUp.Store(true)
+			r.Decide(ctx) // nothing will arrive to trigger it before the first tick
+		}
+	}
+	if !l.caughtUp.Load() {
+		go l.refreshTarget(ctx, every)
+	}
+}
+
+// runPosted runs fn and what else is posted before deciding: under load
+// the mint calls' answers queue here, and a Decide after each one would
+// walk the live fleet once per placement.
+func (l *Loop) runPosted(fn func()) {
+	fn()
+	for n := len(l.inbox); n > 0; n-- {
+		(<-l.inbox)()
+	}
+}
+
+// applyBuffered folds d and what is already buffered behind it, so Decide
+// sees a batch.
+func (l *Loop) applyBuffered(ctx context.Context, r Reactor, d Delivered, ch <-chan Delivered, batch []Delivered) []Delivered {
+	batch = l.apply(ctx, r, d, batch)
+	for {
+		select {
+		case d := <-ch:
+			batch = l.apply(ctx, r, d, batch)
+		default:
+			return batch
+		}
+	}
+}
+
+// turn is one loop's state between turns: the facts folded and not yet
+// acked, and the gap timer that paces Decides that facts trigger.
+type turn struct {
+	batch      []Delivered
+	lastDecide time.Time
+	gap        *time.Timer // armed while facts wait for the gap to end
+	gapC       <-chan time.Time
+}
+
+func (tn *turn) stopGap() {
+	if tn.gap != nil {
+		tn.gap.Stop()
+	}
+}
+
+// holdForGap arms the gap timer when facts arrive sooner than Gap after
+// the last Decide; it reports whether the Decide (and the acks) wait.
+func (l *Loop) holdForGap(tn *turn, byFacts bool) bool {
+	if !byFacts || l.Gap <= 0 || !l.caughtUp.Load() {
+		return false
+	}
+	wait := l.Gap - time.Since(tn.lastDecide)
+	if wait <= 0 {
+		return false
+	}
+	if tn.gapC == nil {
+		if tn.gap == nil {
+			tn.gap = time.NewTimer(wait)
+		} else {
+			tn.gap.Reset(wait)
+		}
+		tn.gapC = tn.gap.C
+	}
+	return true
+}
+
+// endTurn decides (once caught up) and then acks the batch: only now is it
+// folded and, once caught up, has Decide stored the reaction's own facts
+// (its appends are synchronous).
+func (l *Loop) endTurn(ctx context.Context, r Reactor, tn *turn, decide, byFacts bool) {
+	defer l.progress.Store(time.Now().UnixNano())
+	if l.holdForGap(tn, byFacts) {
+		return // decided on, and acked, when the gap ends
+	}
+	if decide && l.caughtUp.Load() {
+		l.decide(ctx, r, tn.batch)
+		tn.lastDecide = time.Now()
+		if tn.gapC != nil {
+			tn.gap.Stop() // this Decide saw what the gap held back
+			tn.gapC = nil
+		}
+	}
+	for _, d := range tn.batch {
+		d.ack()
+	}
+	tn.batch = tn.batch[:0]
 }
 
 // apply folds one delivery and adds it to the batch to ack. A reaction that

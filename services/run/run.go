@@ -363,7 +363,7 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	}
 	loopMetrics(reg, d.Loop)
 	mux := httpx.Mux(reg, func() (bool, any) { return loopHealthy(d.Loop) })
-	mux.HandleFunc("GET /status", statusHandler(func(ctx context.Context, fn func(*events.Fleet)) error { return d.Snapshot(ctx, fn) }))
+	mux.HandleFunc("GET /status", statusHandler(func(ctx context.Context, fn func(*events.Fleet)) error { return d.Read(ctx, fn) }))
 	mux.Handle("POST /webhook", &dispatch.Intake{Secret: []byte(secret), Log: app, Now: time.Now, Logger: logger, Metrics: metrics})
 	addr, err := serve(ctx, s, "dispatcher", dc.Listen, mux)
 	if err != nil {

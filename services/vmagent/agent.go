@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/clock"
 	"github.com/berth-ci/berth/services/crashpoint"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/vmagent/backend"
@@ -66,19 +67,17 @@ type Options struct {
 
 // Agent is one host's vmagent.
 type Agent struct {
-	Loop    *eventlog.Loop
-	log     *eventlog.Appender
+	*eventlog.Shell
 	js      jetstream.JetStream
 	backend backend.Backend
 	opts    Options
 	curve   nkeys.KeyPair
 	boot    string
 
-	fleet    *events.Fleet
 	creating map[string]bool      // attempts whose create step is running
 	stopping map[string]bool      // attempts whose stop step is running
-	appended map[string]time.Time // facts appended, not yet folded → when
-	retry    map[string]*backoff  // attempts whose stop failed or overran → when to try again
+	retryAt  map[string]time.Time // attempts whose stop failed or overran → when to try again
+	fails    map[string]int       // … and how often it failed, for the back-off
 	// draining: refuse new creates; forceStop: stop every live VM (drain timeout).
 	draining, forceStop bool
 	reannounced         time.Time
@@ -118,9 +117,14 @@ func New(js jetstream.JetStream, app *eventlog.Appender, b backend.Backend, opts
 	// (watchHost).
 	loop := &eventlog.Loop{JS: js, Filters: []string{events.HostAttemptsFilter(opts.Host)},
 		SnapshotKey: "agent-" + opts.Host}
-	return &Agent{Loop: loop, log: app, js: js, backend: b, opts: opts, curve: kp,
-		boot:  strconv.FormatInt(time.Now().UnixNano(), 36),
-		fleet: events.NewFleet(), creating: map[string]bool{}, stopping: map[string]bool{}, appended: map[string]time.Time{}, retry: map[string]*backoff{}}, nil
+	a := &Agent{Shell: eventlog.NewShell(loop, app, clock.WithNow(opts.Now), opts.Logger), js: js, backend: b, opts: opts, curve: kp,
+		boot:     strconv.FormatInt(time.Now().UnixNano(), 36),
+		creating: map[string]bool{}, stopping: map[string]bool{}, retryAt: map[string]time.Time{}, fails: map[string]int{}}
+	// A create or stop reported to the log must not be started again
+	// while its fact is on its way back, even on a slow consumer.
+	a.InFlightFor = time.Minute
+	a.Crash = map[string][2]string{events.TypeAttemptProvisioning: {"", crashpoint.AgentAfterProvisioning}}
+	return a, nil
 }
 
 func loadCurve(path string) (nkeys.KeyPair, error) {
@@ -244,7 +248,7 @@ func (a *Agent) announce(ctx context.Context) error {
 	now := a.opts.Now()
 	online := events.HostOnline{Host: a.opts.Host, Boot: a.boot, Pools: a.opts.Pools,
 		PhysicalCap: a.opts.PhysicalCap, CurveKey: pub, Backend: a.backend.Name(), Assign: a.backend.CanAssign(), At: now.UTC()}
-	_, _, err := a.log.Append(ctx, a.log.New(now, online), nil)
+	_, _, err := a.Log.Append(ctx, a.Log.New(now, online), nil)
 	return err
 }
 
@@ -271,69 +275,41 @@ func (a *Agent) heartbeat(ctx context.Context, kv jetstream.KeyValue) {
 	}
 }
 
-// Apply implements eventlog.Reactor.
-func (a *Agent) Apply(d eventlog.Delivered) {
-	if d.Err != nil {
-		a.opts.Logger.Warn("skipping event", "seq", d.Event.Seq, "err", d.Err)
-		a.fleet.Skip(d.Event.Seq, d.Event.Subject)
-		return
-	}
-	a.fleet.Apply(d.Event)
-	delete(a.appended, d.Event.ID)
+// Decide implements eventlog.Reactor: it asks the pure Decide for a plan,
+// executes it (backend steps off the loop), and keeps the host's inventory
+// and memory in order.
+func (a *Agent) Decide(ctx context.Context) {
+	now := a.Now()
+	l := Local{Host: a.opts.Host, Now: now, Draining: a.draining, ForceStop: a.forceStop, HostLost: a.hostLost,
+		Reannounced: a.reannounced, Creating: a.creating, Stopping: a.stopping, RetryAt: a.retryAt, InFlight: a.InFlight}
+	a.Execute(ctx, Decide(a.Fold, l), a.call)
+	a.inventory(ctx, now)
+	a.housekeep(now)
 }
 
-// Decide implements eventlog.Reactor: start creates for new placements and
-// stops for teardown requests and abandoned VMs, each at most once at a time
-// per attempt. An abandoned VM is stopped again with back-off until a stop
-// returns: that late stop is what gives its physical capacity back.
-func (a *Agent) Decide(ctx context.Context) {
-	now := time.Now()
-	// The fold's VM index, not the fold: the fold keeps stopped attempts for
-	// the retention, and walking them every round was most of the CPU of a
-	// long run (throughput fell from 233 to 73 jobs/s over 30,000 jobs).
-	// Every case below needs a VM that is coming or not yet stopped.
-	for at := range a.fleet.VMAttempts() {
-		if at.Host != a.opts.Host {
-			continue
-		}
-		switch {
-		case at.Placed && !a.provisioned(at) && !at.TeardownReq && !a.creating[at.ID] && a.draining:
-			// Placed before the drain was seen: give the slot back without
-			// spending one of the job's attempts.
-			if _, ok := a.appended[events.AttemptFailed{AttemptRef: ref(at)}.EventID()]; !ok && !at.Failed {
-				a.append(ctx, events.AttemptFailed{AttemptRef: ref(at), Step: events.StepDrain, Error: "host draining"})
-			}
-		case at.Placed && !a.provisioned(at) && !at.TeardownReq && !a.creating[at.ID]:
+// call starts one of the plan's backend steps for an attempt the fold holds.
+func (a *Agent) call(ctx context.Context, c events.Call) {
+	var at *events.Attempt
+	switch c := c.(type) {
+	case CreateCall:
+		if at = a.Fold.Attempts[c.Attempt]; at != nil {
 			a.startCreate(ctx, at)
-		case at.Warm && at.Assigned && at.Ready && !at.RunnerStarted && !at.Failed && !at.Abandoned && !at.TeardownReq &&
-			!a.creating[at.ID] && !a.assignReported(at):
+		}
+	case AssignCall:
+		if at = a.Fold.Attempts[c.Attempt]; at != nil {
 			a.startAssign(ctx, at)
-		case (a.forceStop || (a.draining && at.Warm && !at.Assigned)) && at.VMLive() && !at.Stopped &&
-			!a.creating[at.ID] && !a.stopping[at.ID] && !a.stopAppended(at):
-			// A drain stops warm VMs no job was handed to at once: they have
-			// no job to finish.
-			a.startStop(ctx, at)
-		case (at.TeardownReq || at.Abandoned) && !at.Stopped && !a.creating[at.ID] && !a.stopping[at.ID] && !a.stopAppended(at):
-			if !a.provisioned(at) {
-				// Nothing was created: the teardown is already done.
-				a.append(ctx, events.AttemptStopped{AttemptRef: ref(at)})
-				continue
-			}
-			if b := a.retry[at.ID]; b != nil && now.Before(b.next) {
-				continue
-			}
+		}
+	case StopCall:
+		if at = a.Fold.Attempts[c.Attempt]; at != nil {
 			a.startStop(ctx, at)
 		}
-	}
-	if a.hostLost && !a.draining && now.Sub(a.reannounced) > 5*time.Second {
-		a.reannounced = now
+	case AnnounceCall:
+		a.reannounced = a.Now()
 		a.opts.Logger.Warn("this host was reported lost while the agent runs; announcing it online again")
 		if err := a.announce(ctx); err != nil {
 			a.opts.Logger.Warn("re-announce failed; will retry", "err", err)
 		}
 	}
-	a.inventory(ctx, now)
-	a.housekeep(now)
 }
 
 // housekeep keeps the agent's memory flat in jobs served (law 5).
@@ -342,76 +318,27 @@ func (a *Agent) housekeep(now time.Time) {
 		return
 	}
 	a.lastHK = now
-	a.fleet.Compact(a.opts.Now(), 10*time.Minute)
-	for id, at := range a.appended {
-		if now.Sub(at) > time.Minute {
-			delete(a.appended, id)
-		}
-	}
-	for id := range a.retry {
-		if at := a.fleet.Attempts[id]; at == nil || at.Stopped {
-			delete(a.retry, id)
+	a.Fold.Compact(now, 10*time.Minute)
+	a.Housekeep()
+	for id := range a.retryAt {
+		if at := a.Fold.Attempts[id]; at == nil || at.Stopped {
+			delete(a.retryAt, id)
+			delete(a.fails, id)
 		}
 	}
 }
 
-// backoff paces the stops of one attempt after a failure or an overrun:
-// RetryBase, doubling, up to 5 min.
-type backoff struct {
-	fails int
-	next  time.Time
-}
-
+// backOff paces the stops of one attempt after a failure or an overrun:
+// RetryBase, doubling, up to 5 min. It returns the wait.
 func (a *Agent) backOff(id string) time.Duration {
-	b := a.retry[id]
-	if b == nil {
-		b = &backoff{}
-		a.retry[id] = b
-	}
 	base := a.opts.RetryBase
 	if base <= 0 {
 		base = 5 * time.Second
 	}
-	wait := base << min(b.fails, 6)
-	if wait > 5*time.Minute {
-		wait = 5 * time.Minute
-	}
-	b.fails++
-	b.next = time.Now().Add(wait)
+	wait := min(base<<min(a.fails[id], 6), 5*time.Minute)
+	a.fails[id]++
+	a.retryAt[id] = a.Now().Add(wait)
 	return wait
-}
-
-// provisioned reports whether the attempt's create was started: the fold
-// shows its provisioning fact, or this agent appended it and the fold has not
-// caught up yet. A create that returns before the fold catches up must
-// neither be started again nor have its VM forgotten by a teardown.
-func (a *Agent) provisioned(at *events.Attempt) bool {
-	_, ok := a.appended[events.AttemptProvisioning{AttemptRef: ref(at)}.EventID()]
-	return at.Provisioning || ok
-}
-
-// stopAppended reports whether this agent already appended the attempt's
-// stop and is waiting for the fold to show it.
-func (a *Agent) stopAppended(at *events.Attempt) bool {
-	_, ok := a.appended[events.AttemptStopped{AttemptRef: ref(at)}.EventID()]
-	return ok
-}
-
-func ref(at *events.Attempt) events.AttemptRef {
-	return events.AttemptRef{Attempt: at.ID, Pool: at.Pool, Host: at.Host}
-}
-
-func (a *Agent) append(ctx context.Context, p events.Payload) error {
-	ev := a.log.New(a.opts.Now(), p)
-	if _, ok := a.appended[ev.ID]; ok {
-		return nil
-	}
-	if _, _, err := a.log.Append(ctx, ev, nil); err != nil {
-		a.opts.Logger.Warn("append failed; will retry", "event", ev.ID, "err", err)
-		return err
-	}
-	a.appended[ev.ID] = time.Now()
-	return nil
 }
 
 func (a *Agent) vm(at *events.Attempt) backend.VM {
@@ -437,18 +364,6 @@ func (a *Agent) outcome(ctx context.Context, r events.AttemptRef, step string, e
 	}
 	logger.Info(step+" done", "result", success.EventType())
 	return success, true
-}
-
-// assignReported: this agent appended the assign step's outcome and the
-// fold has not caught up with it yet.
-func (a *Agent) assignReported(at *events.Attempt) bool {
-	for _, p := range []events.Payload{events.AttemptRunnerStarted{AttemptRef: ref(at)}, events.AttemptFailed{AttemptRef: ref(at)},
-		events.AttemptAbandoned{AttemptRef: ref(at)}} {
-		if _, ok := a.appended[a.log.New(time.Time{}, p).ID]; ok {
-			return true
-		}
-	}
-	return false
 }
 
 // startAssign hands a claimed warm VM its JIT config: opens the sealed
@@ -480,7 +395,7 @@ func (a *Agent) startAssign(ctx context.Context, at *events.Attempt) {
 		}
 		a.Loop.Post(ctx, func() {
 			delete(a.creating, r.Attempt)
-			a.append(ctx, result)
+			_ = a.Append(ctx, result)
 		})
 	}()
 }
@@ -490,10 +405,9 @@ func (a *Agent) startAssign(ctx context.Context, at *events.Attempt) {
 // the loop under its deadline.
 func (a *Agent) startCreate(ctx context.Context, at *events.Attempt) {
 	r := ref(at)
-	if err := a.append(ctx, events.AttemptProvisioning{AttemptRef: r}); err != nil {
+	if err := a.Append(ctx, events.AttemptProvisioning{AttemptRef: r}); err != nil {
 		return
 	}
-	crashpoint.Hit(crashpoint.AgentAfterProvisioning)
 	vm, sealed, sealedBy, warm := a.vm(at), at.SealedJIT, at.SealedBy, at.Warm
 	if warm {
 		vm.Warm, vm.JITConfigFile = true, "" // booted now, handed its JIT config when a job claims it
@@ -517,7 +431,7 @@ func (a *Agent) startCreate(ctx context.Context, at *events.Attempt) {
 		if err != nil {
 			a.Loop.Post(ctx, func() {
 				delete(a.creating, r.Attempt)
-				a.append(ctx, events.AttemptFailed{AttemptRef: r, Step: "open_jit", Error: err.Error()})
+				_ = a.Append(ctx, events.AttemptFailed{AttemptRef: r, Step: "open_jit", Error: err.Error()})
 			})
 			return
 		}
@@ -534,7 +448,7 @@ func (a *Agent) startCreate(ctx context.Context, at *events.Attempt) {
 		}
 		a.Loop.Post(ctx, func() {
 			delete(a.creating, r.Attempt)
-			a.append(ctx, result)
+			_ = a.Append(ctx, result)
 		})
 	}()
 }
@@ -568,13 +482,13 @@ func (a *Agent) startStop(ctx context.Context, at *events.Attempt) {
 				if !abandoned {
 					logger.Warn("stop overran its deadline; VM abandoned, it still counts against physical capacity",
 						"after", a.opts.StopTimeout, "retry_in", wait)
-					a.append(ctx, events.AttemptAbandoned{AttemptRef: r, Step: "stop", After: a.opts.StopTimeout})
+					_ = a.Append(ctx, events.AttemptAbandoned{AttemptRef: r, Step: "stop", After: a.opts.StopTimeout})
 				}
 			case err != nil:
 				logger.Warn("stop failed; will retry", "err", err, "retry_in", a.backOff(r.Attempt))
 			default:
 				logger.Info("VM stopped", "late", abandoned)
-				a.append(ctx, events.AttemptStopped{AttemptRef: r, Late: abandoned})
+				_ = a.Append(ctx, events.AttemptStopped{AttemptRef: r, Late: abandoned})
 			}
 		})
 	}()
@@ -593,7 +507,7 @@ func (a *Agent) awaitLateStop(ctx context.Context, r events.AttemptRef, vm backe
 		logger.Info("a stop returned after its deadline: VM stopped late")
 		_ = os.RemoveAll(vm.WorkDir)
 		a.Loop.Post(ctx, func() {
-			a.append(ctx, events.AttemptStopped{AttemptRef: r, Late: true})
+			_ = a.Append(ctx, events.AttemptStopped{AttemptRef: r, Late: true})
 		})
 	}
 }

@@ -14,9 +14,9 @@ import (
 func (a *Agent) drain(ctx context.Context) {
 	logger := a.opts.Logger
 	at := a.opts.Now()
-	ev := a.log.New(at, events.HostDraining{HostChange: events.HostChange{Host: a.opts.Host, At: at, By: "vmagent",
+	ev := a.Log.New(at, events.HostDraining{HostChange: events.HostChange{Host: a.opts.Host, At: at, By: "vmagent",
 		Reason: "agent received SIGTERM; running jobs may finish for up to " + a.opts.ShutdownTimeout.String()}})
-	if _, _, err := a.log.Append(ctx, ev, nil); err != nil {
+	if _, _, err := a.Log.Append(ctx, ev, nil); err != nil {
 		logger.Warn("could not announce the drain; stopping anyway", "err", err)
 	}
 	a.Loop.Post(ctx, func() { a.draining = true })
@@ -50,7 +50,7 @@ func (a *Agent) active(ctx context.Context) int {
 	done := make(chan struct{})
 	a.Loop.Post(ctx, func() {
 		n = len(a.creating)
-		for at := range a.fleet.VMAttempts() {
+		for at := range a.Fold.VMAttempts() {
 			if at.Host == a.opts.Host && at.VMLive() && !at.Abandoned && !a.creating[at.ID] {
 				n++
 			}

@@ -102,7 +102,7 @@ func (a *Agent) owns(id string) bool {
 	if a.creating[id] || a.stopping[id] {
 		return true
 	}
-	at := a.fleet.Attempts[id]
+	at := a.Fold.Attempts[id]
 	return at != nil && at.Host == a.opts.Host && !at.Stopped && (at.Placed || at.Provisioning)
 }
 

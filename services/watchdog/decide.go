@@ -5,6 +5,7 @@ package watchdog
 
 import (
 	"fmt"
+	"log/slog"
 	"sort"
 	"strings"
 	"time"
@@ -68,6 +69,49 @@ type Plan struct {
 	Demand   []events.DemandWaiting
 	Raise    []events.AlarmRaised
 	Clear    []events.AlarmCleared
+}
+
+// Steps orders the plan for the act shell: releases first (law 2). Facts
+// whose ids carry the time (a host lost, a cordon, demand waiting, an
+// alarm) are kept from repeating, until the fold shows them, by a key per
+// condition.
+func (plan Plan) Steps() events.Plan {
+	var out events.Plan
+	for _, r := range plan.Release {
+		out.Add(events.Step{Fact: r, Level: slog.LevelWarn, Msg: "releasing slot",
+			Attrs: []any{"attempt", r.Attempt, "pool", r.Pool, "host", r.Host, "reason", r.Reason}})
+	}
+	for _, p := range plan.Teardown {
+		out.Add(events.Fact(p))
+	}
+	for _, p := range plan.Abandon {
+		out.Add(events.Step{Fact: p, Level: slog.LevelWarn, Msg: "teardown overran its deadline; VM abandoned",
+			Attrs: []any{"attempt", p.Attempt, "host", p.Host, "after", p.After}})
+	}
+	for _, p := range plan.Lost {
+		out.Add(events.Step{Fact: p, Key: "lost/" + p.Host, Level: slog.LevelWarn, Msg: "host lost",
+			Attrs: []any{"host", p.Host, "reason", p.Reason}})
+	}
+	for _, p := range plan.Cordon {
+		out.Add(events.Step{Fact: p, Key: "cordon/" + p.Host, Level: slog.LevelError, Msg: "cordoning host",
+			Attrs: []any{"host", p.Host, "reason", p.Reason}})
+	}
+	for _, p := range plan.Uncordon {
+		out.Add(events.Step{Fact: p, Key: "cordon/" + p.Host, Level: slog.LevelInfo, Msg: "lifting cordon",
+			Attrs: []any{"host", p.Host, "reason", p.Reason}})
+	}
+	for _, p := range plan.Demand {
+		out.Add(events.Step{Fact: p, Key: "demand/" + p.Pool, Level: slog.LevelWarn, Msg: "demand waiting for a slot",
+			Attrs: []any{"pool", p.Pool, "jobs", p.Jobs, "oldest_job", p.OldestJobID, "waited", p.Waited.Round(time.Second), "reason", p.Reason}})
+	}
+	for _, p := range plan.Raise {
+		out.Add(events.Step{Fact: p, Key: "alarm/" + p.Key, Level: slog.LevelError, Msg: "alarm",
+			Attrs: []any{"key", p.Key, "pool", p.Pool, "message", p.Message}})
+	}
+	for _, p := range plan.Clear {
+		out.Add(events.Step{Fact: p, Key: "alarm/" + p.Key})
+	}
+	return out
 }
 
 // Decide derives the watchdog's facts from the fold at time now. heartbeats

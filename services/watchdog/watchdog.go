@@ -3,7 +3,6 @@ package watchdog
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/clock"
 	"github.com/berth-ci/berth/services/crashpoint"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/nats-io/nats.go/jetstream"
@@ -22,8 +22,7 @@ const HeartbeatBucket = "berth_heartbeats"
 
 // Watchdog is the act shell around Decide.
 type Watchdog struct {
-	Loop   *eventlog.Loop
-	log    *eventlog.Appender
+	*eventlog.Shell
 	js     jetstream.JetStream
 	params Params
 	now    func() time.Time
@@ -36,7 +35,6 @@ type Watchdog struct {
 	// (nats.replicas), as the agents create it. 0 means 1.
 	HeartbeatReplicas int
 
-	fleet      *events.Fleet
 	heartbeats map[string]time.Time
 	// heardNew holds what the heartbeat watcher read since the last
 	// Decide, which merges it (hbMu guards it). Posting each heartbeat to
@@ -48,9 +46,7 @@ type Watchdog struct {
 	// unheard is the last time the heartbeat bucket did not answer: no
 	// silence before it counts against a host (law 7).
 	unheard     time.Time
-	watched     atomic.Int64         // when the heartbeat watcher last delivered anything (unix ns)
-	pending     map[string]time.Time // condition key → when its fact was appended
-	pendingKey  map[string]string    // event id → condition key, until folded
+	watched     atomic.Int64 // when the heartbeat watcher last delivered anything (unix ns)
 	lastCompact time.Time
 	lastObserve time.Time
 	mu          sync.Mutex
@@ -98,8 +94,13 @@ func New(js jetstream.JetStream, app *eventlog.Appender, p Params, now func() ti
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Watchdog{Loop: &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Gap: DecideGap}, log: app, js: js, params: p,
-		now: now, logger: logger, fleet: events.NewFleet(), heartbeats: map[string]time.Time{}, heardNew: map[string]time.Time{}, pending: map[string]time.Time{}, pendingKey: map[string]string{}}
+	loop := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Gap: DecideGap}
+	w := &Watchdog{Shell: eventlog.NewShell(loop, app, clock.WithNow(now), logger), js: js, params: p,
+		now: now, logger: logger, heartbeats: map[string]time.Time{}, heardNew: map[string]time.Time{}}
+	w.Crash = map[string][2]string{
+		events.TypeSlotReleased: {crashpoint.WatchdogBeforeRelease, crashpoint.WatchdogAfterRelease},
+	}
+	return w
 }
 
 // Run drives the watchdog until ctx ends.
@@ -236,8 +237,8 @@ func (w *Watchdog) heard(now time.Time) map[string]time.Time {
 	if w.unheard.IsZero() || now.Sub(w.unheard) > w.params.HostTTL {
 		return w.heartbeats
 	}
-	hb := make(map[string]time.Time, len(w.fleet.Hosts))
-	for name := range w.fleet.Hosts {
+	hb := make(map[string]time.Time, len(w.Fold.Hosts))
+	for name := range w.Fold.Hosts {
 		hb[name] = w.unheard
 		if at := w.heartbeats[name]; at.After(w.unheard) {
 			hb[name] = at
@@ -273,74 +274,11 @@ func (w *Watchdog) readHeartbeats(ctx context.Context, kv jetstream.KeyValue, in
 	return nil
 }
 
-// Apply implements eventlog.Reactor.
-func (w *Watchdog) Apply(d eventlog.Delivered) {
-	if d.Err != nil {
-		w.logger.Warn("skipping event", "seq", d.Event.Seq, "err", d.Err)
-		w.fleet.Skip(d.Event.Seq, d.Event.Subject)
-		return
-	}
-	w.fleet.Apply(d.Event)
-	if key, ok := w.pendingKey[d.Event.ID]; ok {
-		delete(w.pending, key)
-		delete(w.pendingKey, d.Event.ID)
-	}
-}
-
-// Decide implements eventlog.Reactor. Releases go first (law 2).
+// Decide implements eventlog.Reactor: it asks the pure Decide for a plan
+// and executes it.
 func (w *Watchdog) Decide(ctx context.Context) {
 	now := w.now()
-	plan := Decide(w.fleet, now, w.heard(now), w.params)
-	conflicted := map[string]bool{}
-	for _, r := range plan.Release {
-		if conflicted[r.Pool] {
-			continue
-		}
-		crashpoint.Hit(crashpoint.WatchdogBeforeRelease)
-		w.logger.Warn("releasing slot", "attempt", r.Attempt, "pool", r.Pool, "host", r.Host, "reason", r.Reason)
-		var expect uint64
-		if p := w.fleet.Pools[r.Pool]; p != nil {
-			expect = p.LastSeq
-		}
-		if err := w.append(ctx, now, "", r, &expect); errors.Is(err, eventlog.ErrConflict) {
-			conflicted[r.Pool] = true
-		} else if err == nil {
-			crashpoint.Hit(crashpoint.WatchdogAfterRelease)
-		}
-	}
-	for _, p := range plan.Teardown {
-		w.append(ctx, now, "", p, nil)
-	}
-	for _, p := range plan.Abandon {
-		w.logger.Warn("teardown overran its deadline; VM abandoned", "attempt", p.Attempt, "host", p.Host, "after", p.After)
-		w.append(ctx, now, "", p, nil)
-	}
-	// Facts whose ids carry the time are kept from repeating, until the fold
-	// shows them, by a key per condition.
-	for _, p := range plan.Lost {
-		w.logger.Warn("host lost", "host", p.Host, "reason", p.Reason)
-		w.append(ctx, now, "lost/"+p.Host, p, nil)
-	}
-	for _, p := range plan.Cordon {
-		w.logger.Error("cordoning host", "host", p.Host, "reason", p.Reason)
-		w.append(ctx, now, "cordon/"+p.Host, p, nil)
-	}
-	for _, p := range plan.Uncordon {
-		w.logger.Info("lifting cordon", "host", p.Host, "reason", p.Reason)
-		w.append(ctx, now, "cordon/"+p.Host, p, nil)
-	}
-	for _, p := range plan.Demand {
-		w.logger.Warn("demand waiting for a slot", "pool", p.Pool, "jobs", p.Jobs, "oldest_job", p.OldestJobID,
-			"waited", p.Waited.Round(time.Second), "reason", p.Reason)
-		w.append(ctx, now, "demand/"+p.Pool, p, nil)
-	}
-	for _, p := range plan.Raise {
-		w.logger.Error("alarm", "key", p.Key, "pool", p.Pool, "message", p.Message)
-		w.append(ctx, now, "alarm/"+p.Key, p, nil)
-	}
-	for _, p := range plan.Clear {
-		w.append(ctx, now, "alarm/"+p.Key, p, nil)
-	}
+	w.Execute(ctx, Decide(w.Fold, now, w.heard(now), w.params).Steps(), nil)
 	w.housekeep(now)
 	// Health and gauges from a full status view once a second, not on
 	// every batch: the view is O(fleet).
@@ -348,7 +286,7 @@ func (w *Watchdog) Decide(ctx context.Context) {
 		return
 	}
 	w.lastObserve = now
-	st := w.fleet.Status()
+	st := w.Fold.Status()
 	w.Metrics.observe(st)
 	waiting := 0
 	for _, p := range st.Pools {
@@ -377,65 +315,14 @@ func (w *Watchdog) housekeep(now time.Time) {
 	}
 	w.lastCompact = now
 	if w.Retention > 0 {
-		w.fleet.Compact(now, w.Retention)
+		w.Fold.Compact(now, w.Retention)
 	}
-	for k, at := range w.pending {
-		if now.Sub(at) >= pendingFor {
-			delete(w.pending, k)
-		}
-	}
+	w.Housekeep()
 }
-
-// pendingFor is how long an appended fact is trusted to reach the fold
-// before the watchdog appends it again.
-const pendingFor = 10 * time.Second
 
 // Health returns the latest health view (safe from any goroutine).
 func (w *Watchdog) Health() Health {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.health
-}
-
-func (w *Watchdog) append(ctx context.Context, now time.Time, key string, p events.Payload, expect *uint64) error {
-	ev := w.log.New(now, p)
-	if key == "" {
-		key = ev.ID
-	}
-	if at, ok := w.pending[key]; ok && now.Sub(at) < pendingFor {
-		return nil
-	}
-	seq, _, err := w.log.Append(ctx, ev, expect)
-	if err != nil {
-		if !errors.Is(err, eventlog.ErrConflict) {
-			w.logger.Warn("append failed; will retry", "event", ev.ID, "err", err)
-		}
-		return err
-	}
-	w.pending[key] = now
-	w.pendingKey[ev.ID] = key
-	if expect != nil {
-		if r, ok := p.(events.SlotReleased); ok {
-			if pl := w.fleet.Pools[r.Pool]; pl != nil && seq > pl.LastSeq {
-				pl.LastSeq = seq
-			}
-		}
-	}
-	return nil
-}
-
-// Read runs fn on the watchdog's loop with its fold and waits for it (up to
-// ctx): the safe way to look at the live projection from another goroutine.
-func (w *Watchdog) Read(ctx context.Context, fn func(*events.Fleet)) error {
-	done := make(chan struct{})
-	w.Loop.Post(ctx, func() {
-		fn(w.fleet)
-		close(done)
-	})
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -179,7 +179,7 @@ func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
 func (f *Fleet) Snapshot(ctx context.Context, fn func(*events.Fleet)) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	return f.Sys.Dispatcher.Snapshot(ctx, fn)
+	return f.Sys.Dispatcher.Read(ctx, fn)
 }
 
 // Close stops the services (agents drain at once), releases wedged stops,

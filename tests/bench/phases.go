@@ -677,19 +677,13 @@ func diagnose(ctx context.Context, f *Fleet) string {
 	return b.String()
 }
 
-// snapReactor folds into a fleet, saves and restores it as the services
-// do, and closes decided at its first Decide (which the loop makes only
-// once caught up).
+// snapReactor is a service's shell with no decisions: it folds, saves
+// and restores as the services do, and closes decided at its first Decide
+// (which the loop makes only once caught up).
 type snapReactor struct {
-	fleet   *events.Fleet
+	*eventlog.Shell
 	decided chan struct{}
 	once    bool
-}
-
-func (r *snapReactor) Apply(d eventlog.Delivered) {
-	if d.Err == nil {
-		r.fleet.Apply(d.Event)
-	}
 }
 
 func (r *snapReactor) Decide(context.Context) {
@@ -697,20 +691,6 @@ func (r *snapReactor) Decide(context.Context) {
 		r.once = true
 		close(r.decided)
 	}
-}
-
-func (r *snapReactor) SaveFold() ([]byte, uint64, error) {
-	b, err := events.MarshalSnapshot(r.fleet)
-	return b, r.fleet.LastSeq, err
-}
-
-func (r *snapReactor) RestoreFold(b []byte) (uint64, error) {
-	f, err := events.UnmarshalSnapshot(b)
-	if err != nil {
-		return 0, err
-	}
-	r.fleet = f
-	return f.LastSeq, nil
 }
 
 // restartFromSnapshot stores fl as a service's snapshot, then times a loop
@@ -728,8 +708,8 @@ func restartFromSnapshot(ctx context.Context, js jetstream.JetStream, fl *events
 	if err := eventlog.PutSnapshot(ctx, js, kv, "bench", fl.LastSeq, b); err != nil {
 		return 0, 0, err
 	}
-	r := &snapReactor{fleet: events.NewFleet(), decided: make(chan struct{})}
 	l := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, SnapshotKey: "bench", SnapshotEvery: time.Hour}
+	r := &snapReactor{Shell: eventlog.NewShell(l, nil, nil, slog.New(slog.DiscardHandler)), decided: make(chan struct{})}
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	done := make(chan error, 1)
@@ -745,8 +725,8 @@ func restartFromSnapshot(ctx context.Context, js jetstream.JetStream, fl *events
 	took := time.Since(start)
 	cancel()
 	<-done
-	if len(r.fleet.Jobs) != len(fl.Jobs) {
-		return 0, 0, fmt.Errorf("restart: the restored fold holds %d jobs, the replay %d", len(r.fleet.Jobs), len(fl.Jobs))
+	if len(r.Fold.Jobs) != len(fl.Jobs) {
+		return 0, 0, fmt.Errorf("restart: the restored fold holds %d jobs, the replay %d", len(r.Fold.Jobs), len(fl.Jobs))
 	}
 	return took, len(b), nil
 }

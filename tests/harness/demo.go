@@ -175,7 +175,7 @@ func progressLine(jobs []ghsim.JobView, total int, st events.Status) string {
 func (f *Fleet) report(ctx context.Context, rep Report) (Report, error) {
 	var live *events.Fleet
 	var liveStatus events.Status
-	err := f.Sys.Dispatcher.Snapshot(ctx, func(fl *events.Fleet) {
+	err := f.Sys.Dispatcher.Read(ctx, func(fl *events.Fleet) {
 		liveStatus = fl.Status()
 		live = fl
 		rep.Attempts = len(fl.Attempts)
@@ -247,7 +247,7 @@ func (f *Fleet) ReplayEquals(ctx context.Context) (bool, string, error) {
 	var live events.Status
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		var seq uint64
-		if err := f.Sys.Dispatcher.Snapshot(ctx, func(fl *events.Fleet) { seq, live = fl.LastSeq, fl.Status() }); err != nil {
+		if err := f.Sys.Dispatcher.Read(ctx, func(fl *events.Fleet) { seq, live = fl.LastSeq, fl.Status() }); err != nil {
 			return false, "", err
 		}
 		if seq >= last {

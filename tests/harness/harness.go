@@ -188,6 +188,6 @@ func JobPlan(o Options) []ghsim.JobSpec {
 // Status reads the live dispatcher's projection.
 func (f *Fleet) Status(ctx context.Context) (events.Status, error) {
 	var st events.Status
-	err := f.Sys.Dispatcher.Snapshot(ctx, func(fl *events.Fleet) { st = fl.Status() })
+	err := f.Sys.Dispatcher.Read(ctx, func(fl *events.Fleet) { st = fl.Status() })
 	return st, err
 }

@@ -230,7 +230,7 @@ func TestARateLimitedMintKeepsTheJobAsDemandAndServesItAfterTheReset(t *testing.
 			})
 			var job events.Job
 			var failed int
-			if err := w.f.Sys.Dispatcher.Snapshot(w.ctx, func(f *events.Fleet) {
+			if err := w.f.Sys.Dispatcher.Read(w.ctx, func(f *events.Fleet) {
 				if j := f.Jobs[j]; j != nil {
 					job, failed = *j, j.FailedAttempts
 				}

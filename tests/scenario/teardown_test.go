@@ -48,7 +48,7 @@ func TestAWedgedStopBlocksNeitherTheCompletionHandlerNorTheWatchdogSweep(t *test
 	// Both loops still turn and answer.
 	ctx, cancel := context.WithTimeout(w.ctx, time.Second)
 	defer cancel()
-	if err := w.f.Sys.Dispatcher.Snapshot(ctx, func(*events.Fleet) {}); err != nil {
+	if err := w.f.Sys.Dispatcher.Read(ctx, func(*events.Fleet) {}); err != nil {
 		t.Errorf("dispatcher loop blocked: %v", err)
 	}
 	if idle := time.Since(w.f.Sys.Watchdog.Loop.LastProgress()); idle > 3*time.Second {

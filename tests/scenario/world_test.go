@@ -647,7 +647,7 @@ func (w *world) checkLedger() {
 	var violations []events.Violation
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
-	if err := w.f.Sys.Dispatcher.Snapshot(ctx, func(f *events.Fleet) { violations = f.Check() }); err != nil {
+	if err := w.f.Sys.Dispatcher.Read(ctx, func(f *events.Fleet) { violations = f.Check() }); err != nil {
 		w.t.Fatal(err)
 	}
 	if len(violations) > 0 {

@@ -1,0 +1,273 @@
+package eventlog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/clock"
+	"github.com/berth-ci/berth/services/crashpoint"
+)
+
+// DefaultInFlightFor is how long an appended fact (or a call) is trusted to
+// show up in the fold before a decision may ask for it again.
+const DefaultInFlightFor = 10 * time.Second
+
+// Shell is the act half every service embeds (STYLE.md: decide, evolve,
+// act). It owns the service's fold and keeps it on the loop's goroutine:
+// it folds deliveries (skipping and counting what it cannot read), saves
+// and restores snapshots, remembers the facts it appended that have not
+// come back through the log yet, appends ledger facts with the ledger's
+// expected sequence, and executes a decide function's plan step by step.
+// A service adds only its decide function and the calls only it can make.
+//
+// Every method except Read runs on the loop (from Apply, Decide or a
+// function given to Loop.Post).
+type Shell struct {
+	Loop   *Loop
+	Log    *Appender
+	Clock  clock.Clock
+	Logger *slog.Logger
+	// Fold is the service's projection of the log.
+	Fold *events.Fleet
+	// InFlightFor bounds how long an appended fact counts as on its way;
+	// 0 means DefaultInFlightFor.
+	InFlightFor time.Duration
+	// Crash names the crash points (crashpoint.Hit) around an append of a
+	// fact type: [before, after]. Tests SIGKILL a service there.
+	Crash map[string][2]string
+	// Stored, when set, is told of each step whose fact this shell stored.
+	Stored func(events.Step)
+	// Skipped, when set, is told of each delivery the fold could not read
+	// (an unknown type or version, a corrupt payload, a parked fact).
+	Skipped func(error)
+
+	inflight map[string]time.Time // step key → when appended or called
+	keyOf    map[string]string    // event id → step key, until folded
+}
+
+// NewShell builds a shell around an empty fold; a nil clock is the wall
+// clock and a nil logger the default one.
+func NewShell(loop *Loop, app *Appender, clk clock.Clock, logger *slog.Logger) *Shell {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	clk = clock.Or(clk)
+	if loop != nil && loop.Clock == nil {
+		loop.Clock = clk
+	}
+	return &Shell{Loop: loop, Log: app, Clock: clk, Logger: logger, Fold: events.NewFleet(),
+		inflight: map[string]time.Time{}, keyOf: map[string]string{}}
+}
+
+// Now is the shell's clock's time.
+func (s *Shell) Now() time.Time { return s.Clock.Now() }
+
+// Apply folds one delivery, or skips and counts one the fold cannot read,
+// and forgets the in-flight mark of a fact that has come back.
+func (s *Shell) Apply(d Delivered) {
+	if d.Err != nil {
+		if s.Skipped != nil {
+			s.Skipped(d.Err)
+		}
+		s.Logger.Warn("skipping event", "seq", d.Event.Seq, "subject", d.Event.Subject, "err", d.Err)
+		s.Fold.Skip(d.Event.Seq, d.Event.Subject)
+		return
+	}
+	s.Fold.Apply(d.Event)
+	key, ok := s.keyOf[d.Event.ID]
+	if !ok {
+		key = d.Event.ID
+	}
+	delete(s.keyOf, d.Event.ID)
+	delete(s.inflight, key)
+}
+
+// SaveFold implements Snapshotter.
+func (s *Shell) SaveFold() ([]byte, uint64, error) {
+	b, err := events.MarshalSnapshot(s.Fold)
+	return b, s.Fold.LastSeq, err
+}
+
+// RestoreFold implements Snapshotter (called before the loop runs).
+func (s *Shell) RestoreFold(b []byte) (uint64, error) {
+	f, err := events.UnmarshalSnapshot(b)
+	if err != nil {
+		return 0, err
+	}
+	s.Fold = f
+	return f.LastSeq, nil
+}
+
+// Read runs fn on the loop with the fold and waits for it, up to ctx: the
+// safe way for health, status and tests to look at the live projection.
+// fn must not keep the fold.
+func (s *Shell) Read(ctx context.Context, fn func(*events.Fleet)) error {
+	done := make(chan struct{})
+	s.Loop.Post(ctx, func() {
+		fn(s.Fold)
+		close(done)
+	})
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("the loop did not answer: %w", ctx.Err())
+	}
+}
+
+// InFlight reports whether key was appended or called less than
+// InFlightFor ago and has not come back through the fold.
+func (s *Shell) InFlight(key string) bool {
+	at, ok := s.inflight[key]
+	return ok && s.Now().Sub(at) < s.inFlightFor()
+}
+
+// MarkInFlight records that key is on its way (a call started, a fact
+// appended), so decisions in the meantime do not ask for it again.
+func (s *Shell) MarkInFlight(key string) { s.inflight[key] = s.Now() }
+
+// Forget drops key's in-flight mark: the call ended without a fact, and
+// the next decision may ask for it again.
+func (s *Shell) Forget(key string) { delete(s.inflight, key) }
+
+// Housekeep drops in-flight marks older than InFlightFor, so a fact that
+// was lost on its way is decided again and the maps stay flat (law 5).
+func (s *Shell) Housekeep() {
+	now, ttl := s.Now(), s.inFlightFor()
+	for key, at := range s.inflight {
+		if now.Sub(at) >= ttl {
+			delete(s.inflight, key)
+		}
+	}
+	for id, key := range s.keyOf {
+		if _, ok := s.inflight[key]; !ok {
+			delete(s.keyOf, id)
+		}
+	}
+}
+
+func (s *Shell) inFlightFor() time.Duration {
+	if s.InFlightFor > 0 {
+		return s.InFlightFor
+	}
+	return DefaultInFlightFor
+}
+
+// Append appends one fact as a plan step would (ledger-aware, skipped
+// while in flight).
+func (s *Shell) Append(ctx context.Context, p events.Payload) error {
+	_, err := s.appendStep(ctx, events.Fact(p))
+	return err
+}
+
+// Execute carries out a plan in order. Facts are appended (a ledger fact
+// with its ledger's expected sequence; once a ledger conflicts, its later
+// steps wait for the next round, which decides again on a fresh fold);
+// calls are handed to call. A failed append is logged and decided again
+// next round: every decision derives from the fold (law 11).
+func (s *Shell) Execute(ctx context.Context, plan events.Plan, call func(context.Context, events.Call)) {
+	s.execute(ctx, plan, call, map[string]bool{})
+}
+
+func (s *Shell) execute(ctx context.Context, plan events.Plan, call func(context.Context, events.Call), conflicted map[string]bool) {
+	for _, st := range plan {
+		if st.Call != nil {
+			if call != nil {
+				call(ctx, st.Call)
+			}
+			continue
+		}
+		ledger, isLedger := events.LedgerOf(st.Fact)
+		if isLedger && conflicted[ledger] {
+			continue
+		}
+		stored, err := s.appendStep(ctx, st)
+		if errors.Is(err, ErrConflict) {
+			conflicted[ledger] = true // the fold is behind the ledger: re-read, decide again
+			continue
+		}
+		if err != nil {
+			continue
+		}
+		if stored && st.Msg != "" {
+			s.Logger.Log(ctx, st.Level, st.Msg, st.Attrs...)
+		}
+		if stored && s.Stored != nil {
+			s.Stored(st)
+		}
+		s.execute(ctx, st.Then, call, conflicted)
+	}
+}
+
+// appendStep appends st's fact unless it is in flight. stored is true only
+// when this call stored it (not a duplicate, not skipped).
+func (s *Shell) appendStep(ctx context.Context, st events.Step) (stored bool, err error) {
+	ev := s.Log.New(s.Now(), st.Fact)
+	key := st.Key
+	if key == "" {
+		key = ev.ID
+	}
+	if s.InFlight(key) {
+		return false, nil
+	}
+	points := s.Crash[ev.Type()]
+	hit(points[0])
+	var expect *uint64
+	ledger, isLedger := events.LedgerOf(st.Fact)
+	if isLedger {
+		var last uint64
+		if l := s.Fold.Pools[ledger]; l != nil {
+			last = l.LastSeq
+		}
+		expect = &last
+	}
+	seq, dup, err := s.Log.Append(ctx, ev, expect)
+	if err != nil {
+		if !errors.Is(err, ErrConflict) {
+			s.Logger.Warn("append failed; the next round decides it again", "event", ev.ID, "err", err)
+		}
+		return false, err
+	}
+	hit(points[1])
+	s.inflight[key] = s.Now()
+	if key != ev.ID {
+		s.keyOf[ev.ID] = key
+	}
+	if isLedger && !dup {
+		s.foldOwn(ev, seq)
+	}
+	s.Logger.Debug("appended", "event", ev.ID, "type", ev.Type(), "seq", seq, "duplicate", dup)
+	return !dup, nil
+}
+
+func hit(point string) {
+	if point != "" {
+		crashpoint.Hit(point)
+	}
+}
+
+// foldOwn folds a ledger fact this shell just stored, before it comes back
+// through the consumer. The expected-sequence check proved nothing else
+// reached the ledger in between, so the fold then holds the whole ledger up
+// to seq and the next booking, in this round or the next, both counts this
+// one and chains onto it. (Chaining the sequence without folding the fact
+// let a booking through on a fold that did not count the one before it:
+// over-booking.) Not on a duplicate: the fact stored under this id may be
+// another writer's, with other contents; the fold learns it from the log.
+// The fold is idempotent, so the delivery that follows changes nothing.
+func (s *Shell) foldOwn(ev events.Event, seq uint64) {
+	b, err := events.Marshal(ev)
+	if err != nil {
+		return
+	}
+	stored, err := events.Unmarshal(b, seq) // the payload as the log gives it back
+	if err != nil {
+		return
+	}
+	stored.Seq, stored.Subject = seq, ev.Subject
+	s.Fold.Apply(stored)
+}

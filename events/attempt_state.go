@@ -94,7 +94,9 @@ func (a *Attempt) Terminal() bool {
 	return !a.Held() && !a.VMLive() && (a.Stopped || !a.Placed)
 }
 
-func failureReason(r string) bool {
+// FailureReason reports whether a release for reason r counts against the
+// job's attempts (Job.FailedAttempts).
+func FailureReason(r string) bool {
 	switch r {
 	case ReleaseProvisionTimeout, ReleaseRegistration, ReleaseCreateFailed, ReleaseMintFailed:
 		return true
@@ -113,7 +115,7 @@ func (a *Attempt) contribution() contribution {
 		booked:    a.Booked(),
 		live:      a.VMLive(),
 		abandoned: a.Abandoned && !a.Stopped,
-		failed:    a.Released && failureReason(a.ReleaseReason),
+		failed:    a.Released && FailureReason(a.ReleaseReason),
 	}
 }
 

@@ -177,7 +177,7 @@ func Decide(f *events.Fleet, p Params) Plan {
 	}
 	pl := &planner{f: f, p: p, labels: f.PoolLabels(), unbound: map[string][]*events.Attempt{},
 		warm: map[string][]*events.Attempt{}, ownUnbound: map[int64]bool{}, expiring: map[string]bool{},
-		unminted: map[string]int{}, booked: map[string]int{}, heldNow: map[[2]string]int{}}
+		unminted: map[string]int{}, failedNow: map[int64]int{}, booked: map[string]int{}, heldNow: map[[2]string]int{}}
 	pl.countDemand()
 	for a := range f.UnquietAttempts() {
 		pl.attempt(a)
@@ -230,6 +230,7 @@ type planner struct {
 	ownUnbound    map[int64]bool  // jobs with a runner of their own booked
 	expiring      map[string]bool // past a deadline, deregistration planned
 	unminted      map[string]int  // booked or claimed, no JIT config yet
+	failedNow     map[int64]int   // job → failed attempts this plan releases
 	booked        map[string]int  // host → attempts booked in this plan
 	heldNow       map[[2]string]int
 }
@@ -262,6 +263,9 @@ func (pl *planner) attempt(a *events.Attempt) {
 	bound := f.BoundJob(a.ID)
 	if r, ok := pl.released(a, bound); ok {
 		plan.Release = append(plan.Release, r)
+		if events.FailureReason(r.Reason) {
+			pl.failedNow[a.JobID]++ // booked again in this round: count it now
+		}
 	} else {
 		pl.unreleased(a, bound)
 	}
@@ -413,9 +417,9 @@ func (pl *planner) giveBack(supply []*events.Attempt, surplus int) {
 // a fresh slot on the best host. ok is false when no host has room.
 func (pl *planner) bookJob(pool string, j *events.Job, free []*events.Attempt) (rest []*events.Attempt, ok bool) {
 	plan := &pl.plan
-	if j.FailedAttempts >= pl.p.MaxAttempts {
+	if failed := j.FailedAttempts + pl.failedNow[j.ID]; failed >= pl.p.MaxAttempts {
 		plan.Unschedulable = append(plan.Unschedulable, events.JobUnschedulable{
-			JobID: j.ID, Attempts: j.FailedAttempts,
+			JobID: j.ID, Attempts: failed,
 			Reason: "every placement failed before a runner took a job; check the backend's create step and the agents' logs"})
 		return free, true
 	}

@@ -417,7 +417,7 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 		TeardownTimeout: wc.TeardownTimeout, MaxJobDuration: wc.MaxJobDuration, HostTTL: wc.HostTTL,
 		DemandWaitingAfter: wc.DemandWaitingAfter, DemandWaitingEvery: wc.DemandWaitingEvery, LeakGrace: wc.LeakGrace,
 		AbandonedCap: wc.AbandonedCap,
-	}, time.Now, logger)
+	}, nil, logger)
 	w.Retention = wc.Retention
 	w.HeartbeatReplicas = cfg.NATS.Replicas
 	w.Loop.SnapshotKey = "watchdog"

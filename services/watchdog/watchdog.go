@@ -25,7 +25,6 @@ type Watchdog struct {
 	*eventlog.Shell
 	js     jetstream.JetStream
 	params Params
-	now    func() time.Time
 	logger *slog.Logger
 	// Retention bounds how long terminal records stay in the fold (law 5).
 	Retention time.Duration
@@ -87,16 +86,15 @@ type Cordon struct {
 const DecideGap = 200 * time.Millisecond
 
 // New builds a watchdog.
-func New(js jetstream.JetStream, app *eventlog.Appender, p Params, now func() time.Time, logger *slog.Logger) *Watchdog {
-	if now == nil {
-		now = time.Now
-	}
+// Its deadlines follow clk (nil: the wall clock), loop ticks included, so
+// a test drives them with a clock.Fake.
+func New(js jetstream.JetStream, app *eventlog.Appender, p Params, clk clock.Clock, logger *slog.Logger) *Watchdog {
 	if logger == nil {
 		logger = slog.Default()
 	}
 	loop := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Gap: DecideGap}
-	w := &Watchdog{Shell: eventlog.NewShell(loop, app, clock.WithNow(now), logger), js: js, params: p,
-		now: now, logger: logger, heartbeats: map[string]time.Time{}, heardNew: map[string]time.Time{}}
+	w := &Watchdog{Shell: eventlog.NewShell(loop, app, clk, logger), js: js, params: p,
+		logger: logger, heartbeats: map[string]time.Time{}, heardNew: map[string]time.Time{}}
 	w.Crash = map[string][2]string{
 		events.TypeSlotReleased: {crashpoint.WatchdogBeforeRelease, crashpoint.WatchdogAfterRelease},
 	}
@@ -197,7 +195,7 @@ func (w *Watchdog) probeHeartbeats(ctx context.Context, kv jetstream.KeyValue) {
 			return
 		case err != nil:
 			failed = true
-			at := time.Now()
+			at := w.Now()
 			w.Loop.Post(ctx, func() { w.unheard = at })
 		case failed || time.Since(time.Unix(0, w.watched.Load())) > 3*time.Second:
 			// Back after a failure, or the watcher has not even shown this
@@ -207,7 +205,7 @@ func (w *Watchdog) probeHeartbeats(ctx context.Context, kv jetstream.KeyValue) {
 			failed = false
 			fresh := map[string]time.Time{}
 			if w.readHeartbeats(ctx, kv, fresh) == nil {
-				at := time.Now()
+				at := w.Now()
 				w.Loop.Post(ctx, func() {
 					for host, hb := range fresh {
 						if hb.After(w.heartbeats[host]) {
@@ -277,7 +275,7 @@ func (w *Watchdog) readHeartbeats(ctx context.Context, kv jetstream.KeyValue, in
 // Decide implements eventlog.Reactor: it asks the pure Decide for a plan
 // and executes it.
 func (w *Watchdog) Decide(ctx context.Context) {
-	now := w.now()
+	now := w.Now()
 	w.Execute(ctx, Decide(w.Fold, now, w.heard(now), w.params).Steps(), nil)
 	w.housekeep(now)
 	// Health and gauges from a full status view once a second, not on

@@ -1,0 +1,131 @@
+package watchdog_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/clock"
+	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/watchdog"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Given a slot booked on a host whose runner never starts, when a fake
+// clock is advanced past the provisioning deadline, then the real loop
+// (real NATS, real consumer, the loop's own ticker on the fake clock)
+// releases the slot for that reason, stamped at or after the deadline: the
+// deadline was driven by the clock, with no sleep and no wall-clock wait.
+func TestAFakeClockDrivesTheProvisioningDeadlineThroughTheRealLoop(t *testing.T) {
+	srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
+	nc, js, err := eventlog.Connect(srv.ClientURL(), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	fake := clock.NewFake(start)
+	app := &eventlog.Appender{JS: js, Source: "test"}
+	booked := events.SlotReserved{Pool: "linux", Host: "h-a", Attempt: events.AttemptID(7, 1), JobID: 7, N: 1, Labels: []string{"linux"}}
+	for _, p := range []events.Payload{
+		events.HostOnline{Host: "h-a", Boot: "b", PhysicalCap: 2, At: start, CurveKey: "X",
+			Pools: map[string]events.PoolSlots{"linux": {Slots: 2, Labels: []string{"linux"}}}},
+		events.JobQueued{JobRef: events.JobRef{JobID: 7, Labels: []string{"linux"}}},
+		booked,
+	} {
+		if _, _, err := app.Append(ctx, app.New(start, p), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := watchdog.Params{ProvisionTimeout: 10 * time.Minute, HostTTL: 24 * time.Hour, TeardownTimeout: time.Hour}
+	w := watchdog.New(js, app, p, fake, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	const tick = time.Hour
+	w.Loop.Tick = tick
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(rctx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+
+	// When the watchdog has caught up and decided on the history at the
+	// start time, nothing is released.
+	for !w.Loop.CaughtUp() {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the watchdog never caught up with the log")
+		case <-fake.Armed():
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := w.Read(ctx, func(*events.Fleet) {}); err != nil { // one whole turn after catching up
+		t.Fatal(err)
+	}
+	if a := releasedIn(ctx, t, js, booked.Pool, booked.Attempt); a != nil {
+		t.Fatalf("released before the deadline: %s at %v", a.reason, a.at)
+	}
+
+	// Then, with the fake clock moved to the loop's next tick, an hour on
+	// (past the deadline; on the wall clock the tick is an hour away, so
+	// only the fake clock's ticker can decide in time), the slot goes back.
+	fake.Advance(tick)
+	for {
+		if a := releasedIn(ctx, t, js, booked.Pool, booked.Attempt); a != nil {
+			if a.reason != events.ReleaseProvisionTimeout {
+				t.Fatalf("released for %q, want %q", a.reason, events.ReleaseProvisionTimeout)
+			}
+			if a.at.Before(start.Add(tick)) {
+				t.Fatalf("release stamped %v, before the tick at %v: not the fake clock's decision", a.at, start.Add(tick))
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("no release within 30 s of advancing the clock past the provisioning deadline")
+		case <-time.After(20 * time.Millisecond): // poll the log; the loop decides on the fake clock's tick
+		}
+	}
+}
+
+// releasedIn returns the slot release of attempt if it is the newest fact
+// on its pool's ledger, or nil. It reads the log, not the watchdog (a read
+// through the loop would itself make the loop decide).
+func releasedIn(ctx context.Context, t *testing.T, js jetstream.JetStream, pool, attempt string) *releasedAt {
+	t.Helper()
+	s, err := js.Stream(ctx, events.StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetLastMsgForSubject(ctx, events.PoolSubject(pool))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := events.Unmarshal(m.Data, m.Sequence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := ev.Data.(*events.SlotReleased); ok && r.Attempt == attempt {
+		return &releasedAt{reason: r.Reason, at: ev.Time}
+	}
+	return nil
+}
+
+type releasedAt struct {
+	reason string
+	at     time.Time
+}

@@ -6,9 +6,10 @@ import (
 	"strconv"
 )
 
-// Subject scheme. Every aggregate instance has its own subject, so optimistic
-// concurrency works per aggregate (Nats-Expected-Last-Subject-Sequence) and an
-// operator can slice the log with `nats sub` or `nats stream subjects`:
+// Subject scheme, under SubjectPrefix (contract.go). Every aggregate
+// instance has its own subject, so optimistic concurrency works per
+// aggregate (Nats-Expected-Last-Subject-Sequence) and an operator can slice
+// the log with `nats sub` or `nats stream subjects`:
 //
 //	berth.evt.job.<job id>                 job facts from GitHub webhooks, job unschedulable
 //	berth.evt.pool.<pool>                  the pool's slot ledger: slot reserved / released
@@ -16,11 +17,6 @@ import (
 //	berth.evt.host.<host>                  host online / draining / lost / cordoned / uncordoned
 //	berth.evt.demand.<pool>                demand waiting for a slot
 //	berth.evt.alarm.<pool>                 alarms raised / cleared, scoped to a pool
-const (
-	StreamName    = "BERTH_EVENTS"
-	SubjectPrefix = "berth.evt"
-	SubjectAll    = SubjectPrefix + ".>"
-)
 
 // JobSubject is the subject of a GitHub job's facts.
 func JobSubject(jobID int64) string {

@@ -138,7 +138,7 @@ func TestReplayOfATruncatedLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: eventlog.SnapshotBucket, History: 1})
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: events.BucketSnapshots, History: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,9 +16,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// HeartbeatBucket is where agents put their heartbeats.
-const HeartbeatBucket = "berth_heartbeats"
-
 // FleetStatus replays the log and reads the heartbeat bucket: the
 // `berth status` view. It needs no running dispatcher, only NATS.
 func FleetStatus(ctx context.Context, js jetstream.JetStream) (events.Status, error) {
@@ -67,15 +64,13 @@ func WatchStatus(ctx context.Context, js jetstream.JetStream, w io.Writer, every
 // statusOf is f's status with each host's last heartbeat.
 func statusOf(ctx context.Context, js jetstream.JetStream, f *events.Fleet) events.Status {
 	st := f.Status()
-	if kv, err := js.KeyValue(ctx, HeartbeatBucket); err == nil {
+	if kv, err := js.KeyValue(ctx, events.BucketHeartbeats); err == nil {
 		for i, h := range st.Hosts {
 			e, err := kv.Get(ctx, h.Name)
 			if err != nil {
 				continue
 			}
-			var hb struct {
-				At time.Time `json:"at"`
-			}
+			var hb events.Heartbeat
 			if json.Unmarshal(e.Value(), &hb) == nil {
 				at := hb.At
 				st.Hosts[i].LastHeartbeat = &at

@@ -35,38 +35,38 @@ var latencyBuckets = []float64{0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600
 // NewMetrics registers the dispatcher's series on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "berth_webhooks_total",
+		webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: events.MetricWebhooksTotal,
 			Help: "Webhook deliveries by event, action and outcome (stored, duplicate, ignored, unauthorized, too_large, bad_request, unavailable)."},
 			[]string{"event", "action", "outcome"}),
-		skippedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "berth_events_skipped_total",
+		skippedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{Name: events.MetricEventsSkippedTotal,
 			Help: "Events the fold skipped, by reason (unknown_type, malformed)."}, []string{"reason"}),
-		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "berth_pool_slots_held",
+		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: events.MetricPoolSlotsHeld,
 			Help: "Slots held per pool."}, []string{"pool"}),
-		capacity: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "berth_pool_slots_capacity",
+		capacity: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: events.MetricPoolSlotsCapacity,
 			Help: "Slots offered per pool by hosts that are not lost."}, []string{"pool"}),
-		demand: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "berth_pool_jobs_queued",
+		demand: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: events.MetricPoolJobsQueued,
 			Help: "Queued jobs per pool that no runner has taken yet."}, []string{"pool"}),
-		mintSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "berth_jit_mint_seconds",
+		mintSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: events.MetricJITMintSeconds,
 			Help: "Time to mint one JIT runner configuration on GitHub.", Buckets: prometheus.DefBuckets}),
 	}
-	m.apiRemaining = prometheus.NewGauge(prometheus.GaugeOpts{Name: "berth_github_api_remaining",
+	m.apiRemaining = prometheus.NewGauge(prometheus.GaugeOpts{Name: events.MetricGitHubAPIRemaining,
 		Help: "GitHub API requests left in the current window, from the last answer's x-ratelimit-remaining."})
-	m.apiBlocked = prometheus.NewGauge(prometheus.GaugeOpts{Name: "berth_github_api_blocked_seconds",
+	m.apiBlocked = prometheus.NewGauge(prometheus.GaugeOpts{Name: events.MetricGitHubAPIBlockedSeconds,
 		Help: "Seconds until GitHub allows calls again (0: not rate limited)."})
-	m.conflicts = prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_job_conflicts_total",
+	m.conflicts = prometheus.NewCounter(prometheus.CounterOpts{Name: events.MetricJobConflictsTotal,
 		Help: "Jobs GitHub reported in progress on a runner already bound to another job (BL-17)."})
-	m.queueSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "berth_job_queue_seconds",
+	m.queueSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: events.MetricJobQueueSeconds,
 		Help: "Time from a job's queued webhook to the in_progress webhook of the runner that took it, per pool.", Buckets: latencyBuckets},
 		[]string{"pool"})
-	m.onlineSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "berth_runner_online_seconds",
+	m.onlineSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: events.MetricRunnerOnlineSeconds,
 		Help:    "Time from a job's queued webhook to the start of the runner booked for it, per pool, by start: warm (a VM booted before the job) or cold.",
 		Buckets: latencyBuckets}, []string{"pool", "start"})
-	m.warm = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "berth_pool_warm_vms",
+	m.warm = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: events.MetricPoolWarmVMs,
 		Help: "Warm VMs per pool by state: warming (booting, no job), idle (booted, waiting for a job), assigned (claimed by a job)."},
 		[]string{"pool", "state"})
-	m.warmTarget = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "berth_pool_warm_target",
+	m.warmTarget = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: events.MetricPoolWarmTarget,
 		Help: "The pool's warm target now (min_idle, or the open schedule window's)."}, []string{"pool"})
-	m.refillLag = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "berth_pool_warm_refill_lag_seconds",
+	m.refillLag = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: events.MetricPoolWarmRefillLagSeconds,
 		Help: "How long the pool has had fewer idle warm VMs than its target (0: at target)."}, []string{"pool"})
 	m.belowSince = map[string]time.Time{}
 	reg.MustRegister(m.warm, m.warmTarget, m.refillLag)

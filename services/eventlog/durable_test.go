@@ -177,7 +177,7 @@ func TestPoisonFactIsParkedAndCountedAndTheRestFlows(t *testing.T) {
 	}
 	var rec eventlog.Parked
 	eventually(t, "parking record stored", func() bool {
-		kv, err := js.KeyValue(ctxFor(t), eventlog.ParkBucket)
+		kv, err := js.KeyValue(ctxFor(t), events.BucketParked)
 		if err != nil {
 			return false
 		}

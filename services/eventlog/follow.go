@@ -31,7 +31,7 @@ type Delivered struct {
 }
 
 // ErrPoison marks a fact whose reaction panicked on every delivery: it is
-// parked (see ParkBucket) and the fold skips it.
+// parked (see events.BucketParked) and the fold skips it.
 var ErrPoison = errors.New("poison event: the reaction failed on every delivery")
 
 // ack tells the server the fact is folded and reacted to.

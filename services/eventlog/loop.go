@@ -35,11 +35,6 @@ type Snapshotter interface {
 	RestoreFold(b []byte) (uint64, error)
 }
 
-// SnapshotBucket is the KV bucket of fold snapshots (key: the service's
-// SnapshotKey). A snapshot is only a shortcut: deleting the bucket just
-// makes the next start replay the whole log.
-const SnapshotBucket = "berth_snapshots"
-
 // Loop feeds a Reactor from the log.
 type Loop struct {
 	JS      jetstream.JetStream
@@ -470,7 +465,7 @@ func (l *Loop) restore(ctx context.Context, r Reactor) *snapState {
 	}
 	kctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	kv, err := l.JS.CreateOrUpdateKeyValue(kctx, jetstream.KeyValueConfig{Bucket: SnapshotBucket,
+	kv, err := l.JS.CreateOrUpdateKeyValue(kctx, jetstream.KeyValueConfig{Bucket: events.BucketSnapshots,
 		Description: "fold snapshots of Berth services (a shortcut: delete to force a full replay)", History: 1,
 		Replicas: max(l.Replicas, 1)})
 	if err != nil {

@@ -3,22 +3,19 @@ package eventlog
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"time"
 
+	"github.com/berth-ci/berth/events"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// ParkBucket is the KV bucket of poison facts: one key per parked delivery,
-// `<reader>.<stream seq>`, whose value is a Parked record. The fact itself
-// stays in the log; the record says who could not react to it and why.
-// Read them with `nats kv ls berth_parked` and `nats kv get berth_parked KEY`;
-// once the cause is fixed, a restart of the reader folds the fact again
-// (the record can then be deleted).
-const ParkBucket = "berth_parked"
-
-// Parked is what a reader records about a fact it parked.
+// Parked is what a reader records about a fact it parked: the value of
+// events.ParkedKey(reader, stream seq) in events.BucketParked, one key per
+// parked delivery. The fact itself stays in the log; the record says who
+// could not react to it and why. Read them with `nats kv ls berth_parked`
+// and `nats kv get berth_parked KEY`; once the cause is fixed, a restart of
+// the reader folds the fact again (the record can then be deleted).
 type Parked struct {
 	Reader     string    `json:"reader"`
 	Seq        uint64    `json:"seq"`
@@ -46,7 +43,7 @@ func (l *Loop) reader() string {
 func (l *Loop) park(ctx context.Context, d Delivered, cause error) {
 	p := Parked{Reader: l.reader(), Seq: d.Event.Seq, Subject: d.Event.Subject, ID: d.Event.ID,
 		Type: d.Event.Type(), Deliveries: d.Deliveries, Error: cause.Error(), At: time.Now().UTC()}
-	slog.Error("poison event parked: the fold skips it; see `nats kv get "+ParkBucket+" "+parkKey(p)+"`, fix the cause, restart to fold it again",
+	slog.Error("poison event parked: the fold skips it; see `nats kv get "+events.BucketParked+" "+parkKey(p)+"`, fix the cause, restart to fold it again",
 		"reader", p.Reader, "seq", p.Seq, "subject", p.Subject, "type", p.Type, "err", cause)
 	go func() {
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -57,10 +54,10 @@ func (l *Loop) park(ctx context.Context, d Delivered, cause error) {
 	}()
 }
 
-func parkKey(p Parked) string { return fmt.Sprintf("%s.%d", p.Reader, p.Seq) }
+func parkKey(p Parked) string { return events.ParkedKey(p.Reader, p.Seq) }
 
 func (l *Loop) storePark(ctx context.Context, p Parked) error {
-	kv, err := l.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: ParkBucket,
+	kv, err := l.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: events.BucketParked,
 		Description: "facts a Berth service could not react to (poison), one key per reader and sequence",
 		Replicas:    max(l.Replicas, 1)})
 	if err != nil {

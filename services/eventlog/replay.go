@@ -12,11 +12,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// WholeLogSnapshotKeys are the keys in SnapshotBucket whose snapshots fold
-// the whole log (the dispatcher's and the watchdog's, as services/run names
-// them); an agent's snapshot folds only its host's subjects and is never a
-// base for a fleet replay.
-var WholeLogSnapshotKeys = []string{"dispatcher", "watchdog"}
+// WholeLogSnapshotKeys are the keys in events.BucketSnapshots whose
+// snapshots fold the whole log (the dispatcher's and the watchdog's); an
+// agent's snapshot folds only its host's subjects and is never a base for a
+// fleet replay.
+var WholeLogSnapshotKeys = []string{events.SnapshotKeyDispatcher, events.SnapshotKeyWatchdog}
 
 // ErrTruncated is returned by ReplayFrom when the facts a replay needs have
 // expired under the stream's retention limits and no snapshot covers them.
@@ -39,7 +39,7 @@ type ReplayBase struct {
 //
 // While the stream still starts at sequence 1 it folds the whole log, like
 // ReplayTo. Once old facts have expired (the stream's first sequence F > 1)
-// it starts from the newest whole-log snapshot in SnapshotBucket that covers
+// it starts from the newest whole-log snapshot in events.BucketSnapshots that covers
 // F-1 and is not past the point asked for, and folds the tail after it. A
 // snapshot is a service's fold: terminal records older than the services'
 // retention are no longer in it. When no snapshot covers what expired, or
@@ -102,7 +102,7 @@ func ReplayFrom(ctx context.Context, js jetstream.JetStream, upto uint64, until 
 	return nil, base, fmt.Errorf("%w: facts up to seq %d have expired under the stream's retention limits (the log now starts at seq %d), and no whole-log snapshot in KV bucket %s covers them (%s). "+
 		"A replay from the log alone would be missing them. Start a dispatcher or watchdog (each saves its fold there every minute) and run this again; "+
 		"to keep more history, raise nats.max_age, max_bytes or max_msgs",
-		ErrTruncated, expired, state.FirstSeq, SnapshotBucket, found)
+		ErrTruncated, expired, state.FirstSeq, events.BucketSnapshots, found)
 }
 
 type namedSnapshot struct {
@@ -115,7 +115,7 @@ type namedSnapshot struct {
 func loadSnapshots(ctx context.Context, js jetstream.JetStream) ([]namedSnapshot, []string) {
 	kctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	kv, err := js.KeyValue(kctx, SnapshotBucket)
+	kv, err := js.KeyValue(kctx, events.BucketSnapshots)
 	if err != nil {
 		return nil, []string{fmt.Sprintf("the bucket cannot be read: %v", err)}
 	}

@@ -15,7 +15,7 @@ import (
 // saveSnapshot stores a fold under key, as a service's loop does.
 func saveSnapshot(t *testing.T, js jetstream.JetStream, key string, f *events.Fleet) {
 	t.Helper()
-	kv, err := js.CreateOrUpdateKeyValue(ctxFor(t), jetstream.KeyValueConfig{Bucket: eventlog.SnapshotBucket, History: 1})
+	kv, err := js.CreateOrUpdateKeyValue(ctxFor(t), jetstream.KeyValueConfig{Bucket: events.BucketSnapshots, History: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestReplayFromATruncatedLogStartsFromASnapshotOrSaysWhatIsMissing(t *testin
 	if !errors.Is(err, eventlog.ErrTruncated) {
 		t.Fatalf("replay past every snapshot: %v, want ErrTruncated", err)
 	}
-	for _, w := range []string{"have expired", "watchdog covers only seq", "dispatcher covers only seq", eventlog.SnapshotBucket,
+	for _, w := range []string{"have expired", "watchdog covers only seq", "dispatcher covers only seq", events.BucketSnapshots,
 		"Start a dispatcher or watchdog", "max_age"} {
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("error does not say %q:\n%v", w, err)

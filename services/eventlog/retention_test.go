@@ -181,7 +181,7 @@ func (s *service) waitApplied(t *testing.T, seq uint64) {
 func waitSnapshot(t *testing.T, js jetstream.JetStream, key string, seq uint64) {
 	t.Helper()
 	waitFor(t, fmt.Sprintf("snapshot %q covers seq %d", key, seq), func() bool {
-		kv, err := js.KeyValue(ctxFor(t), eventlog.SnapshotBucket)
+		kv, err := js.KeyValue(ctxFor(t), events.BucketSnapshots)
 		if err != nil {
 			return false
 		}

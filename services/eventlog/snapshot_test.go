@@ -72,7 +72,7 @@ func TestRestartFromSnapshotFoldsOnlyTheTail(t *testing.T) {
 	done1 := make(chan error, 1)
 	go func() { done1 <- l1.Run(run1, first) }()
 	for deadline := time.Now().Add(waitLimit); ; time.Sleep(10 * time.Millisecond) {
-		if kv, err := js.KeyValue(ctx, eventlog.SnapshotBucket); err != nil {
+		if kv, err := js.KeyValue(ctx, events.BucketSnapshots); err != nil {
 			// the loop has not made the bucket yet
 		} else if b, err := eventlog.GetSnapshot(ctx, kv, "test"); err == nil {
 			if f, err := events.UnmarshalSnapshot(b); err == nil && f.LastSeq == 50 {

@@ -9,15 +9,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"strconv"
 
+	"github.com/berth-ci/berth/events"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // A snapshot is stored gzipped under its key. One that is still larger
 // than a message may be (the server's max_payload, 1 MiB by default: a
 // dispatcher's fold of a few thousand retained jobs is more) is split into
-// parts stored under KEY.g<GEN>.<i>, and the key holds a manifest naming
+// parts stored under KEY.g<GEN>.<i> (events.SnapshotPartKey), and the key holds a manifest naming
 // them. Parts are written first and the manifest last, so a crash between
 // leaves the previous snapshot whole; parts of older generations are
 // deleted once the new manifest is stored. A key holding plain JSON (an
@@ -69,7 +69,7 @@ func PutSnapshot(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyVa
 	m := manifest{Gen: gen, Bytes: z.Len(), SHA256: hex.EncodeToString(sum[:])}
 	for data := z.Bytes(); len(data) > 0; m.Parts++ {
 		n := min(limit, len(data))
-		if _, err := kv.Put(ctx, partKey(key, gen, m.Parts), data[:n]); err != nil {
+		if _, err := kv.Put(ctx, events.SnapshotPartKey(key, gen, m.Parts), data[:n]); err != nil {
 			return fmt.Errorf("part %d: %w", m.Parts, err)
 		}
 		data = data[n:]
@@ -101,7 +101,7 @@ func GetSnapshot(ctx context.Context, kv jetstream.KeyValue, key string) ([]byte
 		}
 		var z bytes.Buffer
 		for i := range m.Parts {
-			p, err := kv.Get(ctx, partKey(key, m.Gen, i))
+			p, err := kv.Get(ctx, events.SnapshotPartKey(key, m.Gen, i))
 			if err != nil {
 				return nil, fmt.Errorf("snapshot %s part %d of %d: %w", key, i+1, m.Parts, err)
 			}
@@ -120,10 +120,6 @@ func GetSnapshot(ctx context.Context, kv jetstream.KeyValue, key string) ([]byte
 		return nil, fmt.Errorf("snapshot %s: %w", key, err)
 	}
 	return io.ReadAll(zr)
-}
-
-func partKey(key string, gen uint64, i int) string {
-	return key + ".g" + strconv.FormatUint(gen, 10) + "." + strconv.Itoa(i)
 }
 
 // storedManifest is the manifest key holds now, or nil (none, or a
@@ -148,7 +144,7 @@ func deleteParts(ctx context.Context, kv jetstream.KeyValue, key string, m *mani
 		return nil
 	}
 	for i := range m.Parts {
-		if err := kv.Purge(ctx, partKey(key, m.Gen, i)); err != nil {
+		if err := kv.Purge(ctx, events.SnapshotPartKey(key, m.Gen, i)); err != nil {
 			return fmt.Errorf("removing part %d of an older snapshot: %w", i, err)
 		}
 	}

@@ -20,7 +20,7 @@ import (
 func startSmall(t *testing.T, maxPayload int32) (jetstream.JetStream, jetstream.KeyValue, *eventlog.Appender) {
 	t.Helper()
 	_, js, app := startServer(t, eventlog.EmbeddedConfig{MaxPayload: maxPayload}, eventlog.StreamConfig{})
-	kv, err := js.CreateOrUpdateKeyValue(ctxFor(t), jetstream.KeyValueConfig{Bucket: eventlog.SnapshotBucket, History: 1})
+	kv, err := js.CreateOrUpdateKeyValue(ctxFor(t), jetstream.KeyValueConfig{Bucket: events.BucketSnapshots, History: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,7 @@ const MaxConsumers = 10_000
 // MaxAge, MaxBytes and MaxMsgs bound the log under limits retention: the
 // server drops the oldest facts once any limit is passed (0: no limit).
 // Services come back right after a restart only while their snapshots in
-// SnapshotBucket cover what was dropped, which is why config validates the
+// events.BucketSnapshots cover what was dropped, which is why config validates the
 // limits against the snapshot interval and the watchdog's deadlines.
 type StreamConfig struct {
 	Replicas int // 1 for one server, 3 on a cluster

@@ -89,9 +89,9 @@ func Generate(hosts []string) (*Auth, error) {
 		publish []string
 	}{
 		{RoleDispatcher, []string{p + ".job.>", p + ".pool.>", p + ".attempt.>",
-			kv("berth_snapshots", ">"), kv("berth_parked", ">")}},
+			kv(events.BucketSnapshots, ">"), kv(events.BucketParked, ">")}},
 		{RoleWatchdog, []string{p + ".pool.>", p + ".attempt.>", p + ".host.>", p + ".demand.>", p + ".alarm.>",
-			kv("berth_snapshots", ">"), kv("berth_parked", ">"), kv("berth_heartbeats", "watchdog.probe")}},
+			kv(events.BucketSnapshots, ">"), kv(events.BucketParked, ">"), kv(events.BucketHeartbeats, events.HeartbeatProbeKey)}},
 		{RoleCLI, []string{p + ".host.>", p + ".pool.>", p + ".attempt.>"}},
 	}
 	for _, r := range roles {
@@ -103,8 +103,10 @@ func Generate(hosts []string) (*Auth, error) {
 		if err := events.ValidName("host", h); err != nil {
 			return nil, err
 		}
+		snap := events.SnapshotKeyAgent(h)
 		if err := add(AgentRole(h), Account, []string{events.HostSubject(h), events.HostAttemptsFilter(h),
-			kv("berth_heartbeats", h), kv("berth_snapshots", "agent-"+h), kv("berth_snapshots", "agent-"+h+".>"), kv("berth_parked", ">")}); err != nil {
+			kv(events.BucketHeartbeats, h), kv(events.BucketSnapshots, snap), kv(events.BucketSnapshots, events.SnapshotParts(snap)),
+			kv(events.BucketParked, ">")}); err != nil {
 			return nil, err
 		}
 		a.Users[len(a.Users)-1].API = agentAPI(h)
@@ -172,7 +174,7 @@ var jsAPI = []string{"$JS.API.>", "$JS.ACK.>", "$JS.FC.>"}
 // subjects, and the KV buckets it uses, its own snapshot only. So an agent
 // reads nothing of other hosts' placements, jobs or bookings.
 func agentAPI(host string) []string {
-	const api, log = "$JS.API.", "BERTH_EVENTS"
+	const api, log = "$JS.API.", events.StreamName
 	own := []string{events.HostAttemptsFilter(host), events.HostSubject(host)}
 	out := []string{api + "INFO", api + "STREAM.INFO." + log, api + "STREAM.CREATE." + log, api + "STREAM.UPDATE." + log,
 		api + "CONSUMER.INFO." + log + ".*", api + "CONSUMER.DELETE." + log + ".*", api + "CONSUMER.MSG.NEXT." + log + ".*",
@@ -180,12 +182,13 @@ func agentAPI(host string) []string {
 	for _, s := range own {
 		out = append(out, api+"CONSUMER.CREATE."+log+".*."+s, api+"DIRECT.GET."+log+"."+s)
 	}
-	for _, b := range []string{"KV_berth_heartbeats", "KV_berth_parked", "KV_berth_snapshots"} {
-		out = append(out, api+"STREAM.INFO."+b, api+"STREAM.CREATE."+b, api+"STREAM.UPDATE."+b)
+	// A KV bucket B is the stream KV_B; its key K is the subject $KV.B.K.
+	for _, b := range []string{events.BucketHeartbeats, events.BucketParked, events.BucketSnapshots} {
+		out = append(out, api+"STREAM.INFO.KV_"+b, api+"STREAM.CREATE.KV_"+b, api+"STREAM.UPDATE.KV_"+b)
 	}
-	return append(out, api+"DIRECT.GET.KV_berth_heartbeats.>", api+"DIRECT.GET.KV_berth_parked.>",
-		api+"DIRECT.GET.KV_berth_snapshots.$KV.berth_snapshots.agent-"+host,
-		api+"DIRECT.GET.KV_berth_snapshots.$KV.berth_snapshots.agent-"+host+".>") // a snapshot in parts
+	snap := "KV_" + events.BucketSnapshots + ".$KV." + events.BucketSnapshots + "." + events.SnapshotKeyAgent(host)
+	return append(out, api+"DIRECT.GET.KV_"+events.BucketHeartbeats+".>", api+"DIRECT.GET.KV_"+events.BucketParked+".>",
+		api+"DIRECT.GET."+snap, api+"DIRECT.GET."+events.SnapshotParts(snap)) // a snapshot in parts
 }
 
 // jsDeny: no service deletes or purges the log (the stream denies it too).

@@ -254,13 +254,13 @@ func loopMetrics(reg *prometheus.Registry, l *eventlog.Loop) {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
 			func() float64 { return float64(read(l.Stats())) }))
 	}
-	counter("berth_log_redelivered_total", "Log messages the server delivered again (not acked within AckWait, or retried after a failed reaction).",
+	counter(events.MetricLogRedeliveredTotal, "Log messages the server delivered again (not acked within AckWait, or retried after a failed reaction).",
 		func(s eventlog.LoopStats) uint64 { return s.Redelivered })
-	counter("berth_log_consumer_recreated_total", "Times the durable consumer was found stalled or gone and recreated.",
+	counter(events.MetricLogConsumerRecreatedTotal, "Times the durable consumer was found stalled or gone and recreated.",
 		func(s eventlog.LoopStats) uint64 { return s.Recreated })
-	counter("berth_log_reaction_panics_total", "Deliveries whose fold or reaction panicked (each is retried up to MaxDeliver).",
+	counter(events.MetricLogReactionPanicsTotal, "Deliveries whose fold or reaction panicked (each is retried up to MaxDeliver).",
 		func(s eventlog.LoopStats) uint64 { return s.Panics })
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "berth_log_consumer_pending",
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: events.MetricLogConsumerPending,
 		Help: "Facts the server holds for this service's consumer and has not delivered yet (its lag; -1: unknown)."},
 		func() float64 {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -270,7 +270,7 @@ func loopMetrics(reg *prometheus.Registry, l *eventlog.Loop) {
 			}
 			return -1
 		}))
-	counter("berth_log_parked_total", "Poison facts parked in the berth_parked KV bucket and skipped by the fold.",
+	counter(events.MetricLogParkedTotal, "Poison facts parked in the "+events.BucketParked+" KV bucket and skipped by the fold.",
 		func(s eventlog.LoopStats) uint64 { return s.Parked })
 }
 
@@ -346,7 +346,7 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	metrics := dispatch.NewMetrics(reg)
 	app := &eventlog.Appender{JS: js, Source: "berth/dispatcher"}
 	d, err := dispatch.New(&eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 500 * time.Millisecond,
-		SnapshotKey: "dispatcher", Consumer: consumer("dispatcher"), Replicas: cfg.NATS.Replicas}, app, minter,
+		SnapshotKey: events.SnapshotKeyDispatcher, Consumer: consumer("dispatcher"), Replicas: cfg.NATS.Replicas}, app, minter,
 		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts, Warm: warmPools(dc.WarmPools),
 			RegistrationTimeout: cfg.Watchdog.RegistrationTimeout, ProvisionTimeout: cfg.Watchdog.ProvisionTimeout}, MintTimeout: dc.MintTimeout,
 			Retention: cfg.Watchdog.Retention, Budget: budget, Logger: logger,
@@ -420,7 +420,7 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 	}, nil, logger)
 	w.Retention = wc.Retention
 	w.HeartbeatReplicas = cfg.NATS.Replicas
-	w.Loop.SnapshotKey = "watchdog"
+	w.Loop.SnapshotKey = events.SnapshotKeyWatchdog
 	w.Loop.Consumer = consumer("watchdog")
 	w.Loop.Replicas = cfg.NATS.Replicas
 	reg := registry()

@@ -24,19 +24,6 @@ import (
 	"github.com/nats-io/nkeys"
 )
 
-// HeartbeatBucket is the KV bucket where agents prove they are alive
-// (key: host name; value: Heartbeat JSON). Heartbeats are not facts: they
-// would flood the log.
-const HeartbeatBucket = "berth_heartbeats"
-
-// Heartbeat is one agent's liveness record.
-type Heartbeat struct {
-	Host    string    `json:"host"`
-	Boot    string    `json:"boot"`
-	At      time.Time `json:"at"`
-	LiveVMs int       `json:"live_vms"`
-}
-
 // Options configure an Agent.
 type Options struct {
 	Host          string
@@ -116,7 +103,7 @@ func New(js jetstream.JetStream, app *eventlog.Appender, b backend.Backend, opts
 	// (deploy/nats/README.md). The host's own facts are watched apart
 	// (watchHost).
 	loop := &eventlog.Loop{JS: js, Filters: []string{events.HostAttemptsFilter(opts.Host)},
-		SnapshotKey: "agent-" + opts.Host}
+		SnapshotKey: events.SnapshotKeyAgent(opts.Host)}
 	a := &Agent{Shell: eventlog.NewShell(loop, app, clock.WithNow(opts.Now), opts.Logger), js: js, backend: b, opts: opts, curve: kp,
 		boot:     strconv.FormatInt(time.Now().UnixNano(), 36),
 		creating: map[string]bool{}, stopping: map[string]bool{}, retryAt: map[string]time.Time{}, fails: map[string]int{}}
@@ -156,21 +143,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.announce(ctx); err != nil {
 		return fmt.Errorf("announce host %s: %w", a.opts.Host, err)
 	}
-	hb := jetstream.KeyValueConfig{Bucket: HeartbeatBucket,
-		Description: "vmagent heartbeats (key: host)", History: 1, Replicas: a.opts.HeartbeatReplicas}
-	kv, err := a.js.CreateOrUpdateKeyValue(ctx, hb)
-	for try := 1; err != nil && try < 5 && ctx.Err() == nil; try++ {
-		// Services starting together on a fresh cluster race to create the
-		// replicated bucket; the losers' requests can time out. Try again.
-		a.opts.Logger.Warn("heartbeat bucket not ready; retrying", "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-		kv, err = a.js.CreateOrUpdateKeyValue(ctx, hb)
-	}
+	kv, err := eventlog.HeartbeatKV(ctx, a.js, a.opts.HeartbeatReplicas, a.opts.Logger)
 	if err != nil {
-		return fmt.Errorf("heartbeat bucket: %w", err)
+		return err
 	}
 	a.opts.Logger.Info("agent online", "pools", len(a.opts.Pools), "physical_cap", a.opts.PhysicalCap, "backend", a.backend.Name())
 	if a.opts.ShutdownTimeout <= 0 {
@@ -261,7 +236,7 @@ func (a *Agent) heartbeat(ctx context.Context, kv jetstream.KeyValue) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		hb, _ := json.Marshal(Heartbeat{Host: a.opts.Host, Boot: a.boot, At: a.opts.Now().UTC()})
+		hb, _ := json.Marshal(events.Heartbeat{Host: a.opts.Host, Boot: a.boot, At: a.opts.Now().UTC()})
 		pctx, cancel := context.WithTimeout(ctx, every)
 		if _, err := kv.Put(pctx, a.opts.Host, hb); err != nil && ctx.Err() == nil {
 			a.opts.Logger.Warn("heartbeat not stored", "err", err)

@@ -267,10 +267,10 @@ func TestAgentHeartbeatsUnderItsHostName(t *testing.T) {
 	defer cancel()
 	// Poll until the bucket holds a second heartbeat: the agent keeps beating.
 	for {
-		kv, err := h.js.KeyValue(ctx, vmagent.HeartbeatBucket)
+		kv, err := h.js.KeyValue(ctx, events.BucketHeartbeats)
 		if err == nil {
 			if e, err := kv.Get(ctx, h.host); err == nil && e.Revision() >= 2 {
-				var hb vmagent.Heartbeat
+				var hb events.Heartbeat
 				if err := json.Unmarshal(e.Value(), &hb); err != nil {
 					t.Fatalf("heartbeat %q: %v", e.Value(), err)
 				}
@@ -281,7 +281,7 @@ func TestAgentHeartbeatsUnderItsHostName(t *testing.T) {
 			}
 		}
 		if ctx.Err() != nil {
-			t.Fatalf("no repeated heartbeat in %s/%s within %v", vmagent.HeartbeatBucket, h.host, waitLimit)
+			t.Fatalf("no repeated heartbeat in %s/%s within %v", events.BucketHeartbeats, h.host, waitLimit)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -22,17 +22,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"host"})
 	}
 	m := &Metrics{
-		held:          pool("berth_pool_slots_held", "Slots held per pool."),
-		capacity:      pool("berth_pool_slots_capacity", "Slots offered per pool by hosts that are not lost."),
-		running:       pool("berth_pool_attempts_running", "Held slots whose runner started or took a job."),
-		provisioning:  pool("berth_pool_attempts_provisioning", "Held slots whose VM is still being booked, minted or booted."),
-		waiting:       pool("berth_pool_jobs_waiting_for_slot", "Queued jobs no booked runner will serve."),
-		abandonedPool: pool("berth_pool_abandoned_vms", "Abandoned VMs per pool: stops that overran and have not returned."),
-		alarms:        pool("berth_pool_alarms_active", "Active alarms per pool (e.g. a suspected slot leak)."),
-		liveVMs:       host("berth_host_live_vms", "VMs that exist on the host, abandoned ones included."),
-		abandonedHost: host("berth_host_abandoned_vms", "Abandoned VMs on the host."),
-		physicalCap:   host("berth_host_physical_cap", "How many VMs the host can run at once."),
-		cordoned:      host("berth_host_cordoned", "1 when the host takes no new placements."),
+		held:          pool(events.MetricPoolSlotsHeld, "Slots held per pool."),
+		capacity:      pool(events.MetricPoolSlotsCapacity, "Slots offered per pool by hosts that are not lost."),
+		running:       pool(events.MetricPoolAttemptsRunning, "Held slots whose runner started or took a job."),
+		provisioning:  pool(events.MetricPoolAttemptsProvisioning, "Held slots whose VM is still being booked, minted or booted."),
+		waiting:       pool(events.MetricPoolJobsWaitingForSlot, "Queued jobs no booked runner will serve."),
+		abandonedPool: pool(events.MetricPoolAbandonedVMs, "Abandoned VMs per pool: stops that overran and have not returned."),
+		alarms:        pool(events.MetricPoolAlarmsActive, "Active alarms per pool (e.g. a suspected slot leak)."),
+		liveVMs:       host(events.MetricHostLiveVMs, "VMs that exist on the host, abandoned ones included."),
+		abandonedHost: host(events.MetricHostAbandonedVMs, "Abandoned VMs on the host."),
+		physicalCap:   host(events.MetricHostPhysicalCap, "How many VMs the host can run at once."),
+		cordoned:      host(events.MetricHostCordoned, "1 when the host takes no new placements."),
 	}
 	reg.MustRegister(m.held, m.capacity, m.running, m.provisioning, m.waiting, m.abandonedPool, m.alarms,
 		m.liveVMs, m.abandonedHost, m.physicalCap, m.cordoned)

@@ -39,7 +39,7 @@ func TestAWatchdogStartingUpDoesNotLoseHostsThatHeartbeat(t *testing.T) {
 	if _, _, err := app.Append(ctx, app.New(long, events.HostOnline{Host: "h-a", Boot: "b", PhysicalCap: 2, At: long}), nil); err != nil {
 		t.Fatal(err)
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: watchdog.HeartbeatBucket, History: 1})
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: events.BucketHeartbeats, History: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestAWatchdogStartingUpDoesNotLoseHostsThatHeartbeat(t *testing.T) {
 		t.Fatal(err)
 	}
 	snap, _ := events.MarshalSnapshot(folded)
-	skv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: eventlog.SnapshotBucket, History: 1})
+	skv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: events.BucketSnapshots, History: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,10 +16,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// HeartbeatBucket mirrors vmagent.HeartbeatBucket (the watchdog must not
-// import the agent).
-const HeartbeatBucket = "berth_heartbeats"
-
 // Watchdog is the act shell around Decide.
 type Watchdog struct {
 	*eventlog.Shell
@@ -104,21 +100,9 @@ func New(js jetstream.JetStream, app *eventlog.Appender, p Params, clk clock.Clo
 // Run drives the watchdog until ctx ends.
 func (w *Watchdog) Run(ctx context.Context) error {
 	defer w.wg.Wait()
-	hb := jetstream.KeyValueConfig{Bucket: HeartbeatBucket,
-		Description: "vmagent heartbeats (key: host)", History: 1, Replicas: w.HeartbeatReplicas}
-	kv, err := w.js.CreateOrUpdateKeyValue(ctx, hb)
-	for try := 1; err != nil && try < 5 && ctx.Err() == nil; try++ {
-		// Services starting together on a fresh cluster race to create the
-		// replicated bucket; the losers' requests can time out. Try again.
-		w.logger.Warn("heartbeat bucket not ready; retrying", "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-		kv, err = w.js.CreateOrUpdateKeyValue(ctx, hb)
-	}
+	kv, err := eventlog.HeartbeatKV(ctx, w.js, w.HeartbeatReplicas, w.logger)
 	if err != nil {
-		return fmt.Errorf("heartbeat bucket: %w", err)
+		return err
 	}
 	// Load every heartbeat before the first decision: an empty map would
 	// read as "no host ever beat" and lose the whole fleet on a watchdog
@@ -148,9 +132,7 @@ func (w *Watchdog) Run(ctx context.Context) error {
 					continue
 				}
 				w.watched.Store(time.Now().UnixNano())
-				var hb struct {
-					At time.Time `json:"at"`
-				}
+				var hb events.Heartbeat
 				if json.Unmarshal(e.Value(), &hb) != nil {
 					continue
 				}
@@ -167,7 +149,7 @@ func (w *Watchdog) Run(ctx context.Context) error {
 
 // probeKey is the heartbeat bucket key the watchdog writes to see whether
 // the bucket takes writes (no host is named so: host names hold no dot).
-const probeKey = "watchdog.probe"
+const probeKey = events.HeartbeatProbeKey
 
 // probeHeartbeats asks the heartbeat bucket every second whether it
 // answers. While it does not (its NATS node is down, its replicas elect a
@@ -262,9 +244,7 @@ func (w *Watchdog) readHeartbeats(ctx context.Context, kv jetstream.KeyValue, in
 		if err != nil {
 			continue
 		}
-		var hb struct {
-			At time.Time `json:"at"`
-		}
+		var hb events.Heartbeat
 		if json.Unmarshal(e.Value(), &hb) == nil {
 			into[key] = hb.At
 		}

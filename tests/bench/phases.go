@@ -701,7 +701,7 @@ func restartFromSnapshot(ctx context.Context, js jetstream.JetStream, fl *events
 	if err != nil {
 		return 0, 0, err
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: eventlog.SnapshotBucket, History: 1})
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: events.BucketSnapshots, History: 1})
 	if err != nil {
 		return 0, 0, err
 	}

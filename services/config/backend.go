@@ -49,8 +49,11 @@ func (b *Backend) decodeNode(d *decoder, n *yaml.Node, at string) {
 		d.fail(n, at, "give one backend section, e.g. exec: {create: [...], stop: [...]}")
 		return
 	}
+	before := len(d.errs)
 	kind, sections := b.sections(d, n, at)
 	switch {
+	case len(sections) == 0 && len(d.errs) > before:
+		return // a misspelt section, reported with its suggestion
 	case len(sections) > 1:
 		names := make([]string, 0, len(sections))
 		for _, s := range sections {

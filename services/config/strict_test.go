@@ -44,10 +44,10 @@ func loadBad(t *testing.T, body string) (string, []*Error) {
 // known key, and its text says all of them.
 func TestMistakesNameFileLineKeyAndSuggestion(t *testing.T) {
 	for _, tc := range []struct {
-		name, body  string
-		line        int
+		name, body   string
+		line         int
 		key, suggest string
-		says        string
+		says         string
 	}{
 		{"misspelt top-level key", "data_dri: /tmp\n", 1, "data_dri", "data_dir", "unknown key"},
 		{"misspelt nested key", "nats: {replicas: 1}\nwatchdog:\n  listen: 127.0.0.1:0\n  provison_timeout: 1m\n", 4,

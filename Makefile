@@ -57,6 +57,18 @@ schemas:
 vet:
 	$(GO) vet ./events/... ./services/... ./tests/...
 
+## tidy-check: every module is tidy (go mod tidy changes nothing) and the tests module builds and
+## vets on its own (GOWORK=off, through its replace directives)
+.PHONY: tidy-check
+tidy-check:
+	@for m in events services tests; do \
+		(cd $$m && cp go.mod go.mod.tidy-check && cp go.sum go.sum.tidy-check && $(GO) mod tidy && \
+		 cmp -s go.mod go.mod.tidy-check && cmp -s go.sum go.sum.tidy-check; s=$$?; \
+		 mv go.mod.tidy-check go.mod; mv go.sum.tidy-check go.sum; \
+		 test $$s = 0 || { echo "$$m: go mod tidy changes go.mod or go.sum: run it and commit"; exit 1; }) || exit 1; \
+	done
+	cd tests && GOWORK=off $(GO) build ./... && GOWORK=off $(GO) vet ./...
+
 fmt-check:
 	@test -z "$$(gofmt -l events services tests)" || (gofmt -l events services tests; echo "run gofmt -w"; exit 1)
 

@@ -5,14 +5,15 @@ package config
 import (
 	"errors"
 	"fmt"
-	"math"
 	"os"
-	"strconv"
+	"reflect"
 	"strings"
 	"time"
 
 	"github.com/berth-ci/berth/events"
-	"gopkg.in/yaml.v3"
+	"github.com/berth-ci/berth/services/bytesize"
+	"github.com/berth-ci/berth/services/vmagent/backend"
+	"go.yaml.in/yaml/v3"
 )
 
 // Config is the whole file. Durations are Go durations ("90s", "10m").
@@ -87,45 +88,8 @@ const (
 )
 
 // ByteSize is a size in bytes; YAML gives it as an integer or with a unit:
-// "512MiB", "10GiB", "1TB" (KB, MB, GB, TB are powers of 1000; KiB, MiB,
-// GiB, TiB of 1024).
-type ByteSize int64
-
-// UnmarshalYAML implements yaml.Unmarshaler.
-func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
-	s := strings.TrimSpace(n.Value)
-	units := []struct {
-		suffix string
-		mult   int64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}}
-	mult := int64(1)
-	for _, u := range units {
-		if strings.HasSuffix(s, u.suffix) {
-			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
-			break
-		}
-	}
-	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || v < 0 || (v > 0 && mult > math.MaxInt64/v) {
-		return fmt.Errorf("line %d: size %q: give bytes or a whole number with KiB, MiB, GiB, TiB (or KB, MB, GB, TB)", n.Line, n.Value)
-	}
-	*b = ByteSize(v * mult)
-	return nil
-}
-
-// String prints the size in the largest binary unit that divides it.
-func (b ByteSize) String() string {
-	for _, u := range []struct {
-		suffix string
-		mult   ByteSize
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
-		if b != 0 && b%u.mult == 0 {
-			return strconv.FormatInt(int64(b/u.mult), 10) + u.suffix
-		}
-	}
-	return strconv.FormatInt(int64(b), 10) + "B"
-}
+// "512MiB", "10GiB", "1TB" (see package bytesize).
+type ByteSize = bytesize.Size
 
 // Dispatcher is GitHub intake, slot booking and JIT minting.
 type Dispatcher struct {
@@ -240,118 +204,45 @@ type Pool struct {
 	Slots  int      `yaml:"slots"`
 }
 
-// Backend selects and configures the VM backend. Kind may be left out when
-// exactly one backend section is given (`backend: {ec2: {...}}`).
-type Backend struct {
-	Kind string `yaml:"kind"` // "exec" (the default), "ec2" or "vz"
-	Exec Exec   `yaml:"exec"`
-	EC2  EC2    `yaml:"ec2"`
-	VZ   VZ     `yaml:"vz"`
-}
-
-// EC2 launches one instance per attempt through the EC2 API (see the ec2
-// backend, services/vmagent/backends/ec2). One agent drives one fleet: every
-// instance it launches is tagged berth:fleet=Fleet, and its inventory and
-// orphan sweep see only that fleet's instances.
-type EC2 struct {
-	// Region is the AWS region, e.g. us-east-1 (required).
-	Region string `yaml:"region"`
-	// Endpoint overrides the EC2 endpoint URL (a VPC endpoint, or a fake
-	// in tests); empty means the region's public endpoint.
-	Endpoint string `yaml:"endpoint"`
-	// Profile names a shared-config profile (~/.aws/config); empty means
-	// the default credential chain (environment, instance role, ...).
-	Profile string `yaml:"profile"`
-	// LaunchTemplate (id or name, and version) and/or AMI say what to boot;
-	// at least one is required. With both, AMI overrides the template's
-	// image.
-	LaunchTemplate EC2LaunchTemplate `yaml:"launch_template"`
-	AMI            string            `yaml:"ami"`
-	// InstanceTypes in order of preference; required without a launch
-	// template. Subnets (in different zones) are tried in order for each
-	// type; empty means the template's or the default VPC's.
-	InstanceTypes []string `yaml:"instance_types"`
-	Subnets       []string `yaml:"subnets"`
-	// SecurityGroups are security group ids (sg-...), for launches without
-	// a template that sets them.
-	SecurityGroups []string `yaml:"security_groups"`
-	// Spot: "" (on-demand only), "prefer" (spot, then on-demand when no spot
-	// capacity is found) or "only". SpotMaxPrice, optional, is USD per hour.
-	Spot         string `yaml:"spot"`
-	SpotMaxPrice string `yaml:"spot_max_price"`
-	// Fleet is the berth:fleet tag value (default: the agent's host).
-	Fleet string `yaml:"fleet"`
-	// Tags are extra tags on every instance and volume (keys may not start
-	// with aws: or berth:).
-	Tags map[string]string `yaml:"tags"`
-	// UserData is a text/template for the instance's user data, or
-	// UserDataFile the path of one; empty means the backend's default
-	// (a shell script that starts /home/runner/actions-runner/run.sh with
-	// the JIT config). See the ec2 backend for the fields it gets.
-	UserData     string `yaml:"user_data"`
-	UserDataFile string `yaml:"user_data_file"`
-	// MaxAttempts per API call (SDK retries for throttling and 5xx, default
-	// 5) and MaxBackoff between them (default 20s).
-	MaxAttempts int           `yaml:"max_attempts"`
-	MaxBackoff  time.Duration `yaml:"max_backoff"`
-	// CreateTimeout, StopTimeout and RetryBase mean what they mean for exec.
-	CreateTimeout time.Duration `yaml:"create_timeout"`
-	StopTimeout   time.Duration `yaml:"stop_timeout"`
-	RetryBase     time.Duration `yaml:"retry_base"`
-}
-
-// EC2LaunchTemplate names a launch template by ID or Name, and its Version:
-// a number, $Latest or $Default (the default).
-type EC2LaunchTemplate struct {
-	ID      string `yaml:"id"`
-	Name    string `yaml:"name"`
-	Version string `yaml:"version"`
-}
-
-// IsZero reports whether no ec2 setting was given.
-func (e EC2) IsZero() bool {
-	return e.Region == "" && e.Endpoint == "" && e.Profile == "" && e.LaunchTemplate == (EC2LaunchTemplate{}) && e.AMI == "" &&
-		len(e.InstanceTypes) == 0 && len(e.Subnets) == 0 && len(e.SecurityGroups) == 0 && e.Spot == "" && e.SpotMaxPrice == "" &&
-		e.Fleet == "" && len(e.Tags) == 0 && e.UserData == "" && e.UserDataFile == "" && e.MaxAttempts == 0 && e.MaxBackoff == 0 &&
-		e.CreateTimeout == 0 && e.StopTimeout == 0 && e.RetryBase == 0
-}
-
-// Exec runs operator commands for each lifecycle step (see the exec backend).
-type Exec struct {
-	Create []string `yaml:"create"`
-	Stop   []string `yaml:"stop"`
-	// List, optional, prints the attempt ids of the VMs that exist; it
-	// enables the orphan sweep.
-	List []string `yaml:"list"`
-	// Assign, optional, starts a warm VM's runner with its JIT config; with
-	// it the host can keep warm VMs (dispatcher.warm_pools).
-	Assign []string          `yaml:"assign"`
-	Env    map[string]string `yaml:"env"`
-	// CreateTimeout and StopTimeout bound each step (law 3).
-	CreateTimeout time.Duration `yaml:"create_timeout"`
-	StopTimeout   time.Duration `yaml:"stop_timeout"`
-	// RetryBase is the first wait before a failed or overrun stop is tried
-	// again; it doubles up to 5 min. 0 means 5 s.
-	RetryBase time.Duration `yaml:"retry_base"`
-}
-
-// Load reads, defaults and validates a file.
+// Load reads, defaults and validates a file. Its mistakes are *Error
+// values naming the file, the line and the key (see Parse).
 func Load(path string) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w (give --config the path of a config file; deploy/berth.example.yaml documents every setting)", err)
 	}
-	return Parse(b)
+	c, errs := parse(b)
+	if len(errs) > 0 {
+		return c, inFile(path, errs)
+	}
+	return c, nil
 }
 
-// Parse defaults and validates YAML bytes.
+// Parse defaults and validates YAML bytes. It refuses unknown keys (with
+// the nearest known one), values of the wrong type and impossible values,
+// and reports every mistake at once, each an *Error with its line and key.
 func Parse(b []byte) (*Config, error) {
+	c, errs := parse(b)
+	return c, errors.Join(errs...)
+}
+
+// parse decodes strictly, then defaults and validates what decoded; the
+// decoder's lines place Validate's errors.
+func parse(b []byte) (*Config, []error) {
 	var c Config
-	if err := yaml.Unmarshal(b, &c); err != nil {
-		return nil, fmt.Errorf("parse config: %w", err)
+	var root yaml.Node
+	if err := yaml.Unmarshal(b, &root); err != nil {
+		return nil, []error{&Error{Line: yamlLine(err), Msg: "not YAML: " + yamlMessage(err)}}
 	}
+	d := &decoder{lines: map[string]int{}}
+	d.decode(&root, reflect.ValueOf(&c).Elem(), "")
 	c.Defaults()
-	return &c, c.Validate()
+	// What did decode is validated too, so that one run reports every
+	// mistake; a value that did not decode is left at its default.
+	if errs := append(d.errs, placed(c.Validate(), d.lines)...); len(errs) > 0 {
+		return &c, errs
+	}
+	return &c, nil
 }
 
 func or[T comparable](v *T, def T) {
@@ -396,33 +287,18 @@ func (c *Config) Defaults() {
 		a := &c.Agents[i]
 		or(&a.Heartbeat, 5*time.Second)
 		or(&a.ShutdownTimeout, 10*time.Minute)
-		if a.Backend.Kind == "" && !a.Backend.EC2.IsZero() && len(a.Backend.Exec.Create)+len(a.Backend.Exec.Stop) == 0 {
-			a.Backend.Kind = "ec2"
-		}
-		if a.Backend.Kind == "" && !a.Backend.VZ.IsZero() && a.Backend.EC2.IsZero() && len(a.Backend.Exec.Create)+len(a.Backend.Exec.Stop) == 0 {
-			a.Backend.Kind = "vz"
-		}
-		or(&a.Backend.Kind, "exec")
-		if a.Backend.Kind == "vz" {
-			a.Backend.VZ.defaults(c.DataDir, a.Host)
-		}
-		or(&a.Backend.Exec.CreateTimeout, 5*time.Minute)
-		or(&a.Backend.Exec.StopTimeout, 2*time.Minute)
-		if a.Backend.Kind == "ec2" {
-			e := &a.Backend.EC2
-			or(&e.Fleet, a.Host)
-			or(&e.LaunchTemplate.Version, "$Default")
-			or(&e.MaxAttempts, 5)
-			or(&e.MaxBackoff, 20*time.Second)
-			or(&e.CreateTimeout, 5*time.Minute)
-			or(&e.StopTimeout, 2*time.Minute)
-		}
 		if a.PhysicalCap == 0 {
 			for _, p := range a.Pools {
 				a.PhysicalCap += p.Slots
 			}
 		}
+		a.Backend.defaults(c.BackendHost(*a))
 	}
+}
+
+// BackendHost is what agent a's backend may know of it.
+func (c *Config) BackendHost(a Agent) backend.Host {
+	return backend.Host{Name: a.Host, DataDir: c.DataDir, PhysicalCap: a.PhysicalCap}
 }
 
 // Validate reports every problem at once, each with what to change.
@@ -446,6 +322,28 @@ func (c *Config) Validate() error {
 	}
 	c.validateRetention(bad)
 	c.validateWarm(bad)
+	c.validateCounts(bad)
+	c.validateAgents(bad)
+	return errors.Join(errs...)
+}
+
+// validateCounts refuses counts and caps below what can work: the zero
+// value means the default, so only negatives (and zero replicas) are left.
+func (c *Config) validateCounts(bad func(string, ...any)) {
+	for _, n := range []struct {
+		key      string
+		v, least int
+	}{{"nats.replicas", c.NATS.Replicas, 1}, {"dispatcher.max_attempts", c.Dispatcher.MaxAttempts, 1},
+		{"dispatcher.reconcile_limit", c.Dispatcher.ReconcileLimit, 1}, {"watchdog.abandoned_cap", c.Watchdog.AbandonedCap, 1}} {
+		if n.v < n.least {
+			bad("%s %d: give at least %d", n.key, n.v, n.least)
+		}
+	}
+}
+
+// validateAgents checks each agent: a valid, unique host, pools with
+// slots and labels, a physical cap, and its backend's own section.
+func (c *Config) validateAgents(bad func(string, ...any)) {
 	seen := map[string]bool{}
 	for i, a := range c.Agents {
 		if err := events.ValidName("host", a.Host); err != nil {
@@ -455,6 +353,9 @@ func (c *Config) Validate() error {
 			bad("agents[%d].host %q appears twice: each host runs one agent", i, a.Host)
 		}
 		seen[a.Host] = true
+		if a.PhysicalCap < 0 {
+			bad("agents[%d].physical_cap %d: give how many VMs the host runs at once, at least 1 (or leave it out: the sum of the pools' slots)", i, a.PhysicalCap)
+		}
 		if len(a.Pools) == 0 {
 			bad("agents[%d] (%s): no pools: give it at least one pool with labels and slots", i, a.Host)
 		}
@@ -466,29 +367,8 @@ func (c *Config) Validate() error {
 				bad("agents[%d].pools.%s: needs slots >= 1 and at least one label", i, name)
 			}
 		}
-		switch a.Backend.Kind {
-		case "exec":
-			if len(a.Backend.Exec.Create) == 0 || len(a.Backend.Exec.Stop) == 0 {
-				bad("agents[%d].backend.exec: create and stop commands are required (see deploy/exec/)", i)
-			}
-			if !a.Backend.EC2.IsZero() {
-				bad("agents[%d].backend: kind is exec but an ec2 section is given: remove one, or set kind: ec2", i)
-			}
-			if !a.Backend.VZ.IsZero() {
-				bad("agents[%d].backend: kind is exec but a vz section is given: remove one, or set kind: vz", i)
-			}
-		case "ec2":
-			if len(a.Backend.Exec.Create)+len(a.Backend.Exec.Stop)+len(a.Backend.Exec.List) > 0 {
-				bad("agents[%d].backend: kind is ec2 but exec commands are given: an agent runs one backend, remove one", i)
-			}
-			a.Backend.EC2.validate(fmt.Sprintf("agents[%d].backend.ec2", i), bad)
-		case "vz":
-			a.Backend.VZ.validate(fmt.Sprintf("agents[%d].backend.vz", i), a, bad)
-		default:
-			bad("agents[%d].backend.kind %q: use exec or ec2 (or vz on a Mac)", i, a.Backend.Kind)
-		}
+		a.Backend.validate(fmt.Sprintf("agents[%d].backend", i), c.BackendHost(a), backend.Report(bad))
 	}
-	return errors.Join(errs...)
 }
 
 // validateRetention checks the stream's limits against what the services

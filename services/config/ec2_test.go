@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/berth-ci/berth/services/vmagent/backends/ec2"
 )
 
 // Given the commented EC2 agent at the end of deploy/berth.example.yaml,
@@ -30,7 +32,7 @@ func TestExampleEC2AgentLoads(t *testing.T) {
 		t.Fatalf("%v\n%s", err, y.String())
 	}
 	be := c.Agents[0].Backend
-	e := be.EC2
+	e := be.Settings.(*ec2.Settings)
 	if be.Kind != "ec2" || e.Region != "us-east-1" || e.LaunchTemplate.Name != "berth-runner" || len(e.InstanceTypes) != 3 ||
 		len(e.Subnets) != 2 || e.Spot != "prefer" || e.Fleet != "aws-use1" || e.MaxAttempts != 5 || e.CreateTimeout != 5*time.Minute {
 		t.Errorf("unexpected: kind %q, %+v", be.Kind, e)
@@ -77,8 +79,8 @@ agents:
 		"starts with ami-", "\"subnet-a\" appears twice", "starts with subnet-", "spot \"always\"", "spot_max_price",
 		"reserved", "text/template", "max_attempts 50",
 		"agents[1].backend.ec2: give launch_template", "agents[1].backend.ec2.instance_types: required",
-		"agents[2].backend: kind is exec but an ec2 section", "agents[3].backend: kind is ec2 but exec commands",
-		"kind \"lambda\": use exec or ec2",
+		"agents[2].backend: exec and ec2 sections given", "agents[3].backend: exec and ec2 sections given",
+		"agents[4].backend.kind: \"lambda\": not a backend",
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %q:\n%v", want, err)

@@ -5,6 +5,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/berth-ci/berth/services/vmagent/backend"
+	"github.com/berth-ci/berth/services/vmagent/backends/vz"
 )
 
 func TestVZSectionDefaultsAndKind(t *testing.T) {
@@ -19,10 +22,11 @@ agents:
 		t.Fatal(err)
 	}
 	a := c.Agents[0]
-	want := VZ{BaseImage: "/Users/ci/berth/base", ClonesRoot: "/var/lib/berth/agents/mac-1/vz", CPUs: 4, Memory: 8 << 30,
-		CreateTimeout: 10 * time.Minute, StopTimeout: 2 * time.Minute, StopGrace: time.Minute, ForceTimeout: 30 * time.Second}
-	if a.Backend.Kind != "vz" || a.Backend.VZ != want {
-		t.Errorf("kind %q, vz %+v; want vz, %+v", a.Backend.Kind, a.Backend.VZ, want)
+	want := vz.Settings{BaseImage: "/Users/ci/berth/base", ClonesRoot: "/var/lib/berth/agents/mac-1/vz", CPUs: 4, Memory: 8 << 30,
+		Steps:     backend.Steps{CreateTimeout: 10 * time.Minute, StopTimeout: 2 * time.Minute},
+		StopGrace: time.Minute, ForceTimeout: 30 * time.Second}
+	if got, ok := a.Backend.Settings.(*vz.Settings); a.Backend.Kind != "vz" || !ok || *got != want {
+		t.Errorf("kind %q, vz %+v; want vz, %+v", a.Backend.Kind, a.Backend.Settings, want)
 	}
 }
 
@@ -45,8 +49,8 @@ func TestVZSectionProblemsSayWhatToChange(t *testing.T) {
 	if err == nil {
 		t.Fatal("Parse accepted a broken vz section")
 	}
-	for _, want := range []string{"backend.vz.base_image is required", "physical_cap 3", "memory 1GiB", "kind is vz but exec commands",
-		"kind is exec but a vz section"} {
+	for _, want := range []string{"backend.vz.base_image is required", "physical_cap 3", "memory 1GiB", "vz and exec sections given",
+		"exec and vz sections given"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}
@@ -75,7 +79,7 @@ func TestExampleVZAgentLoads(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, yaml.String())
 	}
-	if a := c.Agents[0]; a.Backend.Kind != "vz" || a.Backend.VZ.BaseImage == "" || a.Backend.VZ.Memory != 8<<30 {
-		t.Errorf("example vz agent parsed as %+v", a.Backend)
+	if v, ok := c.Agents[0].Backend.Settings.(*vz.Settings); !ok || v.BaseImage == "" || v.Memory != 8<<30 {
+		t.Errorf("example vz agent parsed as %+v", c.Agents[0].Backend)
 	}
 }

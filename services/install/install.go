@@ -165,12 +165,8 @@ func (l *layout) readConfig() ([]byte, error) {
 		hosts = append(hosts, a.Host)
 		if a.Host == l.o.Host || l.o.Host == "" && len(c.Agents) == 1 {
 			l.shutdown = a.ShutdownTimeout
-			l.stop = a.Backend.Exec.StopTimeout
-			switch a.Backend.Kind {
-			case "ec2":
-				l.stop = a.Backend.EC2.StopTimeout
-			case "vz":
-				l.stop = a.Backend.VZ.StopTimeout
+			if st := a.Backend.Steps(); st != nil {
+				l.stop = st.StopTimeout
 			}
 			return b, nil
 		}

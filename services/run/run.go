@@ -26,9 +26,6 @@ import (
 	"github.com/berth-ci/berth/services/httpx"
 	"github.com/berth-ci/berth/services/vmagent"
 	"github.com/berth-ci/berth/services/vmagent/backend"
-	"github.com/berth-ci/berth/services/vmagent/backends/ec2"
-	"github.com/berth-ci/berth/services/vmagent/backends/exec"
-	"github.com/berth-ci/berth/services/vmagent/backends/vz"
 	"github.com/berth-ci/berth/services/watchdog"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -451,42 +448,22 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 	return w, addr, nil
 }
 
-// Agent starts one host's vmagent, with the backend (exec or ec2) its config
-// describes, and its HTTP endpoints.
+// Agent starts one host's vmagent, with the backend its config's single
+// backend section names (built through the backend registry), and its
+// HTTP endpoints.
 func Agent(ctx context.Context, s *System, cfg *config.Config, ac config.Agent, logger *slog.Logger) (string, error) {
-	if ac.Backend.Kind == "ec2" {
-		be, err := ec2.FromConfig(ctx, ac.Backend.EC2, logger.With("service", "vmagent", "backend", "ec2"))
-		if err != nil {
-			return "", err
-		}
-		// AgentWith reads the step deadlines from the exec section.
-		e := ac.Backend.EC2
-		ac.Backend.Exec.CreateTimeout, ac.Backend.Exec.StopTimeout, ac.Backend.Exec.RetryBase = e.CreateTimeout, e.StopTimeout, e.RetryBase
-		return AgentWith(ctx, s, cfg, ac, be, logger)
+	h := cfg.BackendHost(ac)
+	h.Logger = logger.With("service", "vmagent", "host", ac.Host)
+	be, err := backend.Build(ctx, ac.Backend.Kind, ac.Backend.Settings, h)
+	if err != nil {
+		return "", fmt.Errorf("agent %s: %w", ac.Host, err)
 	}
-	if ac.Backend.Kind == "vz" {
-		v := ac.Backend.VZ
-		hv, err := vz.NewPlatformHypervisor(v.CPUs, uint64(v.Memory))
-		if err != nil {
-			return "", err
-		}
-		be, err := vz.New(vz.Config{BaseImage: v.BaseImage, ClonesRoot: v.ClonesRoot, PhysicalCap: ac.PhysicalCap,
-			RunnerTimeout: v.CreateTimeout, StopGrace: v.StopGrace, ForceTimeout: v.ForceTimeout}, hv)
-		if err != nil {
-			return "", err
-		}
-		ac.Backend.Exec.CreateTimeout, ac.Backend.Exec.StopTimeout, ac.Backend.Exec.RetryBase = v.CreateTimeout, v.StopTimeout, v.RetryBase
-		return AgentWith(ctx, s, cfg, ac, be, logger)
-	}
-	be := exec.New(ac.Backend.Exec.Create, ac.Backend.Exec.Stop, ac.Backend.Exec.Env).
-		WithList(ac.Backend.Exec.List, filepath.Join(cfg.DataDir, "agents", ac.Host, "attempts"))
-	be.Host, be.AssignCmd = ac.Host, ac.Backend.Exec.Assign
 	return AgentWith(ctx, s, cfg, ac, be, logger)
 }
 
 // AgentWith is Agent with the backend given rather than built from the
-// config (the benchmarks plug an in-process one); the step timeouts still
-// come from ac.Backend.Exec.
+// config (the benchmarks plug an in-process one); the step deadlines still
+// come from ac.Backend's settings (backend.Steps).
 func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Agent, be backend.Backend, logger *slog.Logger) (string, error) {
 	nc, js, err := connect(ctx, cfg, "berth-agent-"+ac.Host)
 	if err != nil {
@@ -498,9 +475,13 @@ func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Age
 		pools[name] = events.PoolSlots{Labels: events.NormalizeLabels(p.Labels), Slots: p.Slots}
 	}
 	dataDir := filepath.Join(cfg.DataDir, "agents", ac.Host)
+	var steps backend.Steps
+	if st := ac.Backend.Steps(); st != nil {
+		steps = *st
+	}
 	a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/" + ac.Host}, be, vmagent.Options{
 		Host: ac.Host, Pools: pools, PhysicalCap: ac.PhysicalCap, DataDir: dataDir,
-		CreateTimeout: ac.Backend.Exec.CreateTimeout, StopTimeout: ac.Backend.Exec.StopTimeout, RetryBase: ac.Backend.Exec.RetryBase, Heartbeat: ac.Heartbeat, HeartbeatReplicas: cfg.NATS.Replicas, ShutdownTimeout: ac.ShutdownTimeout,
+		CreateTimeout: steps.CreateTimeout, StopTimeout: steps.StopTimeout, RetryBase: steps.RetryBase, Heartbeat: ac.Heartbeat, HeartbeatReplicas: cfg.NATS.Replicas, ShutdownTimeout: ac.ShutdownTimeout,
 		InventoryEvery: ac.InventoryEvery, OrphanGrace: ac.OrphanGrace, Logger: logger,
 	})
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/berth-ci/berth/services/config"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/run"
+	"github.com/berth-ci/berth/services/vmagent/backend"
 	"github.com/berth-ci/berth/tests/ghsim"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -134,7 +135,7 @@ func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
 			Host: "host-" + strconv.Itoa(i), Listen: "127.0.0.1:0", Heartbeat: time.Second,
 			PhysicalCap: o.PhysicalCap, ShutdownTimeout: time.Millisecond,
 			Pools: map[string]config.Pool{"linux": {Labels: LinuxLabels, Slots: o.LinuxSlots}},
-			Backend: config.Backend{Kind: "bench", Exec: config.Exec{
+			Backend: config.Backend{Kind: "bench", Settings: &backend.Steps{
 				CreateTimeout: 20 * time.Second, StopTimeout: o.StopTimeout}},
 		}
 		if o.MacSlots > 0 {

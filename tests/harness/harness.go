@@ -15,6 +15,8 @@ import (
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/config"
 	"github.com/berth-ci/berth/services/run"
+	"github.com/berth-ci/berth/services/vmagent/backend"
+	execbe "github.com/berth-ci/berth/services/vmagent/backends/exec"
 	"github.com/berth-ci/berth/tests/ghsim"
 )
 
@@ -117,11 +119,11 @@ func Config(o Options, root, runner, simURL, dispAddr, secret string) *config.Co
 				"linux": {Labels: []string{"self-hosted", "linux", "x64"}, Slots: 4},
 				"macos": {Labels: []string{"self-hosted", "macos", "arm64"}, Slots: 2},
 			},
-			Backend: config.Backend{Kind: "exec", Exec: config.Exec{
+			Backend: config.Backend{Kind: execbe.Kind, Settings: &execbe.Settings{
 				Create: []string{"sh", script, "create"}, Stop: []string{"sh", script, "stop"},
-				Assign:        []string{"sh", script, "assign"},
-				Env:           map[string]string{"BERTH_SIM_RUNNER": runner},
-				CreateTimeout: 20 * time.Second, StopTimeout: 15 * time.Second,
+				Assign: []string{"sh", script, "assign"},
+				Env:    map[string]string{"BERTH_SIM_RUNNER": runner},
+				Steps:  backend.Steps{CreateTimeout: 20 * time.Second, StopTimeout: 15 * time.Second},
 			}},
 		}
 	}

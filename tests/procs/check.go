@@ -16,6 +16,7 @@ import (
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/cli"
+	execbe "github.com/berth-ci/berth/services/vmagent/backends/exec"
 	"github.com/berth-ci/berth/tests/ghsim"
 )
 
@@ -236,7 +237,9 @@ func (s *System) Inventory(host string) ([]string, error) {
 	var list []string
 	for _, ac := range s.Config.Agents {
 		if ac.Host == host {
-			list = ac.Backend.Exec.List
+			if e, ok := ac.Backend.Settings.(*execbe.Settings); ok {
+				list = e.List
+			}
 		}
 	}
 	if len(list) == 0 {

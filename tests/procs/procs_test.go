@@ -7,8 +7,9 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/services/config"
+	execbe "github.com/berth-ci/berth/services/vmagent/backends/exec"
 	"github.com/berth-ci/berth/tests/harness"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // The services read the config the harness builds after a trip through a
@@ -17,7 +18,7 @@ func TestConfigSurvivesYAML(t *testing.T) {
 	c := harness.Config(harness.Options{DataDir: "/tmp/data"}, "/repo", "/bin/ghsim", "http://127.0.0.1:1", "127.0.0.1:2", "s")
 	c.NATS = config.NATS{URL: "nats://127.0.0.1:1,nats://127.0.0.1:2", Replicas: 3, DuplicateWindow: 90 * time.Second}
 	c.Watchdog.ProvisionTimeout = 1500 * time.Millisecond
-	c.Agents[0].Backend.Exec.List = []string{"sh", "list"}
+	c.Agents[0].Backend.Settings.(*execbe.Settings).List = []string{"sh", "list"}
 	c.Agents[0].InventoryEvery = time.Second
 	c.Defaults() // what Parse fills in must not count as a change
 	b, err := yaml.Marshal(c)
@@ -35,7 +36,7 @@ func TestConfigSurvivesYAML(t *testing.T) {
 	if string(again) != string(b) {
 		t.Fatalf("the config changed through YAML:\nbefore:\n%s\nafter:\n%s", b, again)
 	}
-	if back.Watchdog.ProvisionTimeout != 1500*time.Millisecond || back.NATS.Replicas != 3 || !reflect.DeepEqual(back.Agents[0].Backend.Exec.List, []string{"sh", "list"}) {
+	if back.Watchdog.ProvisionTimeout != 1500*time.Millisecond || back.NATS.Replicas != 3 || !reflect.DeepEqual(back.Agents[0].Backend.Settings.(*execbe.Settings).List, []string{"sh", "list"}) {
 		t.Fatalf("fields lost: %+v", back)
 	}
 }

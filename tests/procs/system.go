@@ -23,11 +23,13 @@ import (
 	"github.com/berth-ci/berth/services/config"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/natsauth"
+	"github.com/berth-ci/berth/services/vmagent/backend"
+	execbe "github.com/berth-ci/berth/services/vmagent/backends/exec"
 	"github.com/berth-ci/berth/tests/ghsim"
 	"github.com/berth-ci/berth/tests/harness"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // tagEnv marks every process a system starts, and (through inheritance)
@@ -226,12 +228,13 @@ func (s *System) config(o Options, simURL, dispAddr, secret string) *config.Conf
 		if err := os.MkdirAll(fdir, 0o755); err != nil {
 			s.t.Fatal(err)
 		}
-		a.Backend.Exec = config.Exec{
+		// a fresh section: the template's is shared by every copy
+		a.Backend = config.Backend{Kind: execbe.Kind, Settings: &execbe.Settings{
 			Create: []string{"sh", script, "create"}, Stop: []string{"sh", script, "stop"}, List: []string{"sh", script, "list"},
-			Assign:        []string{"sh", script, "assign"},
-			Env:           map[string]string{"BERTH_SIM_RUNNER": s.Bins.Runner, "BERTH_FAULT_DIR": fdir},
-			CreateTimeout: 5 * time.Second, StopTimeout: 5 * time.Second, RetryBase: 200 * time.Millisecond,
-		}
+			Assign: []string{"sh", script, "assign"},
+			Env:    map[string]string{"BERTH_SIM_RUNNER": s.Bins.Runner, "BERTH_FAULT_DIR": fdir},
+			Steps:  backend.Steps{CreateTimeout: 5 * time.Second, StopTimeout: 5 * time.Second, RetryBase: 200 * time.Millisecond},
+		}}
 		c.Agents = append(c.Agents, a)
 	}
 	if o.Tune != nil {

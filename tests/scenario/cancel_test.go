@@ -62,7 +62,7 @@ func TestAJobCancelledWhileItsVMBootsReleasesTheSlotAtOnceAndStopsTheVMOnceItIsU
 // the agent retries the stop with back-off until it succeeds, the runner
 // process is gone and the host empty, and the next job gets a VM of its own.
 func TestACancelledJobsVMIsStoppedEvenThoughItsRunnerNeverExits(t *testing.T) {
-	w := start(t, func(c *config.Config) { c.Agents[0].Backend.Exec.RetryBase = 300 * time.Millisecond })
+	w := start(t, func(c *config.Config) { execOf(&c.Agents[0]).RetryBase = 300 * time.Millisecond })
 	w.fault("host-a", "stop-fail", "*")
 
 	j := w.enqueue(linuxLabels, 30*time.Second)

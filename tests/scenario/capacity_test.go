@@ -17,8 +17,8 @@ import (
 func TestTheAbandonedCapCordonsTheHostAndALateStopLiftsIt(t *testing.T) {
 	w := start(t, func(c *config.Config) {
 		c.Agents = []config.Agent{host("host-a", 4, linux(2))} // physical room is not what stops placements here
-		c.Agents[0].Backend.Exec.StopTimeout = 400 * time.Millisecond
-		c.Agents[0].Backend.Exec.RetryBase = 100 * time.Millisecond
+		execOf(&c.Agents[0]).StopTimeout = 400 * time.Millisecond
+		execOf(&c.Agents[0]).RetryBase = 100 * time.Millisecond
 		c.Watchdog.TeardownTimeout = 30 * time.Second
 		c.Watchdog.AbandonedCap = 2
 	})
@@ -86,8 +86,8 @@ func TestTheAbandonedCapCordonsTheHostAndALateStopLiftsIt(t *testing.T) {
 func TestHungStopsHoldPhysicalCapacitySoTheNextJobWaitsOrGoesToAnotherHost(t *testing.T) {
 	w := start(t, func(c *config.Config) {
 		c.Agents = []config.Agent{host("host-a", 2, linux(4))}
-		c.Agents[0].Backend.Exec.StopTimeout = 400 * time.Millisecond
-		c.Agents[0].Backend.Exec.RetryBase = 100 * time.Millisecond
+		execOf(&c.Agents[0]).StopTimeout = 400 * time.Millisecond
+		execOf(&c.Agents[0]).RetryBase = 100 * time.Millisecond
 		c.Watchdog.AbandonedCap = 0 // no cordon: physical capacity alone must keep host-a out
 		c.Watchdog.DemandWaitingAfter = time.Second
 	})

@@ -55,7 +55,7 @@ func TestARunnerThatNeverRegistersIsStoppedOnceAndItsJobPlacedAgain(t *testing.T
 // half-created VM is stopped exactly once (recorded late: it was
 // abandoned), and the job is served by a fresh attempt.
 func TestACreateThatOverrunsItsDeadlineIsStoppedOnceAndItsJobPlacedAgain(t *testing.T) {
-	w := start(t, func(c *config.Config) { c.Agents[0].Backend.Exec.CreateTimeout = time.Second })
+	w := start(t, func(c *config.Config) { execOf(&c.Agents[0]).CreateTimeout = time.Second })
 	w.fault("host-a", "create-hang", "berth-*-1")
 	// The stop takes a second: a release that waited for it would come
 	// after it. (With an instant stop the two facts raced, and CI once

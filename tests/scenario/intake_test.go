@@ -159,7 +159,7 @@ func TestARedeliveredAndARepeatedWebhookCreateNoSecondVM(t *testing.T) {
 func TestRunnersThatSwapJobsEachCompletionStopsTheVMThatRanIt(t *testing.T) {
 	w := start(t, func(c *config.Config) {
 		c.Watchdog.ProvisionTimeout = 30 * time.Second
-		c.Agents[0].Backend.Exec.CreateTimeout = 30 * time.Second
+		execOf(&c.Agents[0]).CreateTimeout = 30 * time.Second
 	})
 	w.fault("host-a", "create-hang", "*")
 	j1 := w.enqueue(linuxLabels, 6*time.Second)

@@ -23,7 +23,7 @@ func TestAReplacementGetsDisjointFilesAndALateTeardownOfAttempt1LeavesAttempt2In
 	w := start(t, func(c *config.Config) {
 		c.Watchdog.RegistrationTimeout = 2 * time.Second
 		c.Watchdog.TeardownTimeout = 30 * time.Second
-		c.Agents[0].Backend.Exec.StopTimeout = 30 * time.Second
+		execOf(&c.Agents[0]).StopTimeout = 30 * time.Second
 	})
 	w.fault("host-a", "create-no-runner", "berth-*-1")
 	w.fault("host-a", "stop-hang", "berth-*-1")

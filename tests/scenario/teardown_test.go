@@ -17,7 +17,7 @@ import (
 // answering, /healthz lists the abandoned VM, and the next job is served.
 func TestAWedgedStopBlocksNeitherTheCompletionHandlerNorTheWatchdogSweep(t *testing.T) {
 	w := start(t, func(c *config.Config) {
-		c.Agents[0].Backend.Exec.StopTimeout = 30 * time.Second // the stop stays wedged for the whole test
+		execOf(&c.Agents[0]).StopTimeout = 30 * time.Second // the stop stays wedged for the whole test
 		c.Watchdog.TeardownTimeout = time.Second
 		c.Watchdog.AbandonedCap = 5
 	})
@@ -93,7 +93,7 @@ func TestAWedgedStopBlocksNeitherTheCompletionHandlerNorTheWatchdogSweep(t *test
 func TestTheSlotIsFreeWhileTeardownIsStillInFlight(t *testing.T) {
 	w := start(t, func(c *config.Config) {
 		c.Agents = []config.Agent{host("host-a", 2, linux(1))}
-		c.Agents[0].Backend.Exec.StopTimeout = 30 * time.Second
+		execOf(&c.Agents[0]).StopTimeout = 30 * time.Second
 		c.Watchdog.TeardownTimeout = 30 * time.Second
 	})
 	w.fault("host-a", "stop-hang", "*")

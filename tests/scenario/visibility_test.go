@@ -83,7 +83,7 @@ func TestTheLeakAlarmFiresForOnePoolWhileAnotherPoolIsBusyWithTrackedWork(t *tes
 func TestStatusAndHealthzReportHeldSlotsCapacityAndAbandonedVMs(t *testing.T) {
 	w := start(t, func(c *config.Config) {
 		c.Agents = []config.Agent{host("host-a", 3, linux(2)), host("host-b", 2, linux(1))}
-		c.Agents[0].Backend.Exec.StopTimeout = 400 * time.Millisecond
+		execOf(&c.Agents[0]).StopTimeout = 400 * time.Millisecond
 		c.Watchdog.AbandonedCap = 3
 	})
 	w.fault("host-a", "stop-hang", "*") // only the short job's VM is stopped during the test

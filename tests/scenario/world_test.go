@@ -22,6 +22,7 @@ import (
 	"github.com/berth-ci/berth/services/config"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/run"
+	execbe "github.com/berth-ci/berth/services/vmagent/backends/exec"
 	"github.com/berth-ci/berth/tests/ghsim"
 	"github.com/berth-ci/berth/tests/harness"
 	"github.com/nats-io/nats.go/jetstream"
@@ -100,7 +101,7 @@ func start(t *testing.T, tune func(*config.Config)) *world {
 	t.Cleanup(cancel)
 	o := harness.Options{DataDir: w.dir, NATSListen: "127.0.0.1:0", Seed: 1, Timeout: testLimit, Logger: w.logger,
 		Tune: func(c *config.Config) {
-			w.runner = c.Agents[0].Backend.Exec.Env["BERTH_SIM_RUNNER"]
+			w.runner = execOf(&c.Agents[0]).Env["BERTH_SIM_RUNNER"]
 			c.Agents = []config.Agent{host("host-a", 2, linux(2))}
 			wd := &c.Watchdog
 			wd.ProvisionTimeout = 5 * time.Second
@@ -125,12 +126,21 @@ func start(t *testing.T, tune func(*config.Config)) *world {
 	return w
 }
 
+// execOf is agent a's exec section, made one if a has none yet.
+func execOf(a *config.Agent) *execbe.Settings {
+	e, ok := a.Backend.Settings.(*execbe.Settings)
+	if !ok {
+		e = &execbe.Settings{}
+		a.Backend = config.Backend{Kind: execbe.Kind, Settings: e}
+	}
+	return e
+}
+
 // complete fills in an agent's exec backend: the fault script around
 // sim-runner.sh, with the host's own control directory.
 func (w *world) complete(a *config.Agent) {
 	script := filepath.Join(w.root, "deploy", "exec", "faults.sh")
-	e := &a.Backend.Exec
-	a.Backend.Kind = "exec"
+	e := execOf(a)
 	if len(e.Create) == 0 {
 		e.Create = []string{"sh", script, "create"}
 	}

@@ -16,10 +16,12 @@ import (
 	"sync"
 
 	vzfw "github.com/Code-Hex/vz/v3"
+	"github.com/berth-ci/berth/services/vmagent/backend"
 	"golang.org/x/sys/unix"
 )
 
 func init() {
+	backend.Register(kind(fromSettings))
 	platformClone = func(src, dst string) error { return unix.Clonefile(src, dst, unix.CLONE_NOFOLLOW) }
 	platformHypervisor = func(cpus uint, memoryBytes uint64) (Hypervisor, error) {
 		return &framework{cpus: cpus, memory: memoryBytes, vms: map[string]*vzfw.VirtualMachine{}}, nil

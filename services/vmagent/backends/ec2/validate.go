@@ -1,4 +1,4 @@
-package config
+package ec2
 
 import (
 	"net/url"
@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/vmagent/backend"
 )
 
 var (
@@ -17,18 +18,27 @@ var (
 	ltVersionRE = regexp.MustCompile(`^([1-9][0-9]*|\$Latest|\$Default)$`)
 )
 
-// maxEC2Combinations bounds instance types × subnets (× 2 with spot:
-// prefer): each combination is one RunInstances call inside one create
-// deadline.
-const maxEC2Combinations = 64
+// maxCombinations bounds instance types × subnets (× 2 with spot: prefer):
+// each combination is one RunInstances call inside one create deadline.
+const maxCombinations = 64
 
-// maxEC2ExtraTags: EC2 allows 50 tags per resource; the backend sets 4
+// maxExtraTags: EC2 allows 50 tags per resource; the backend sets 4
 // (berth:attempt, berth:pool, berth:fleet, Name).
-const maxEC2ExtraTags = 46
+const maxExtraTags = 46
 
-// validate reports every problem of one ec2 section; at names it
-// (agents[0].backend.ec2).
-func (e EC2) validate(at string, bad func(string, ...any)) {
+// Validate implements backend.Settings: it reports every problem of one ec2
+// section; at names it (agents[0].backend.ec2).
+func (e *Settings) Validate(at string, _ backend.Host, bad backend.Report) {
+	e.validateWhere(at, bad)
+	e.validateWhat(at, bad)
+	e.validateMarket(at, bad)
+	e.validateTags(at, bad)
+	e.validateUserData(at, bad)
+	e.validateCalls(at, bad)
+}
+
+// validateWhere checks the region and the endpoint the API is reached at.
+func (e *Settings) validateWhere(at string, bad backend.Report) {
 	if e.Region == "" {
 		bad("%s.region: required, e.g. us-east-1", at)
 	} else if !regionRE.MatchString(e.Region) {
@@ -39,6 +49,11 @@ func (e EC2) validate(at string, bad func(string, ...any)) {
 			bad("%s.endpoint %q: give an http(s) URL such as https://ec2.us-east-1.amazonaws.com, or leave it out", at, e.Endpoint)
 		}
 	}
+}
+
+// validateWhat checks what to boot: a launch template and/or an image, and
+// the instance types, subnets and security groups to boot it with.
+func (e *Settings) validateWhat(at string, bad backend.Report) {
 	lt := e.LaunchTemplate
 	hasLT := lt.ID != "" || lt.Name != ""
 	switch {
@@ -62,6 +77,11 @@ func (e EC2) validate(at string, bad func(string, ...any)) {
 	checkList(at+".instance_types", e.InstanceTypes, "", bad)
 	checkList(at+".subnets", e.Subnets, "subnet-", bad)
 	checkList(at+".security_groups", e.SecurityGroups, "sg-", bad)
+}
+
+// validateMarket checks spot settings and that every combination of type,
+// subnet and market fits in one create deadline.
+func (e *Settings) validateMarket(at string, bad backend.Report) {
 	markets := 1
 	switch e.Spot {
 	case "", "only":
@@ -78,16 +98,21 @@ func (e EC2) validate(at string, bad func(string, ...any)) {
 			bad("%s.spot_max_price %q: give USD per hour as a positive number, e.g. \"0.10\"", at, e.SpotMaxPrice)
 		}
 	}
-	if n := max(1, len(e.InstanceTypes)) * max(1, len(e.Subnets)) * markets; n > maxEC2Combinations {
-		bad("%s: %d combinations of instance type, subnet and market: at most %d fit in one create deadline; list fewer", at, n, maxEC2Combinations)
+	if n := max(1, len(e.InstanceTypes)) * max(1, len(e.Subnets)) * markets; n > maxCombinations {
+		bad("%s: %d combinations of instance type, subnet and market: at most %d fit in one create deadline; list fewer", at, n, maxCombinations)
 	}
+}
+
+// validateTags checks the fleet name and the extra tags against EC2's
+// limits and the tags Berth sets itself.
+func (e *Settings) validateTags(at string, bad backend.Report) {
 	if e.Fleet != "" {
 		if err := events.ValidName("fleet", e.Fleet); err != nil {
 			bad("%s.fleet: %w", at, err)
 		}
 	}
-	if len(e.Tags) > maxEC2ExtraTags {
-		bad("%s.tags: %d tags; EC2 allows 50 per resource and Berth sets 4, so at most %d", at, len(e.Tags), maxEC2ExtraTags)
+	if len(e.Tags) > maxExtraTags {
+		bad("%s.tags: %d tags; EC2 allows 50 per resource and Berth sets 4, so at most %d", at, len(e.Tags), maxExtraTags)
 	}
 	for k, v := range e.Tags {
 		lk := strings.ToLower(k)
@@ -98,6 +123,11 @@ func (e EC2) validate(at string, bad func(string, ...any)) {
 			bad("%s.tags %q: aws:, berth: and Name are reserved (Berth sets berth:attempt, berth:pool, berth:fleet and Name)", at, k)
 		}
 	}
+}
+
+// validateUserData checks that at most one user data source is given and
+// that an inline template parses.
+func (e *Settings) validateUserData(at string, bad backend.Report) {
 	if e.UserData != "" && e.UserDataFile != "" {
 		bad("%s: give user_data or user_data_file, not both", at)
 	}
@@ -106,19 +136,21 @@ func (e EC2) validate(at string, bad func(string, ...any)) {
 			bad("%s.user_data: not a valid Go text/template: %v", at, err)
 		}
 	}
+}
+
+// validateCalls checks the API retry budget and the step deadlines.
+func (e *Settings) validateCalls(at string, bad backend.Report) {
 	if e.MaxAttempts < 1 || e.MaxAttempts > 20 {
 		bad("%s.max_attempts %d: give 1 to 20 attempts per API call", at, e.MaxAttempts)
 	}
 	if e.MaxBackoff <= 0 {
 		bad("%s.max_backoff %v: give a positive duration such as 20s", at, e.MaxBackoff)
 	}
-	if e.CreateTimeout <= 0 || e.StopTimeout <= 0 || e.RetryBase < 0 {
-		bad("%s: create_timeout and stop_timeout must be positive, retry_base not negative", at)
-	}
+	e.Steps.Check(at, bad)
 }
 
 // checkList reports empty and repeated entries, and entries without prefix.
-func checkList(at string, items []string, prefix string, bad func(string, ...any)) {
+func checkList(at string, items []string, prefix string, bad backend.Report) {
 	seen := map[string]bool{}
 	for _, s := range items {
 		switch {

@@ -95,82 +95,133 @@ type AlarmView struct {
 	RaisedAt time.Time `json:"raised_at"`
 }
 
-// Status derives the operator's view from the projection.
+// Status derives the operator's view from the projection. It reads each of
+// the fold's maps once, in the order the counts depend on: attempts first
+// (held slots, and which of them are still unbound), then jobs (pending
+// demand), hosts, alarms, and last the per-pool figures that combine them.
 func (f *Fleet) Status() Status {
+	b := newStatusBuilder(f)
+	b.addAttempts()
+	b.addJobs()
+	b.addHosts()
+	b.addAlarms()
+	return b.finish()
+}
+
+// statusBuilder accumulates one Status. Pools are created on first mention,
+// so a pool that only an attempt, a job, a host or an alarm names still
+// appears in the view.
+type statusBuilder struct {
+	f      *Fleet
+	labels map[string][]string
+	match  *Matcher
+	pools  map[string]*PoolStatus
+	// unbound counts, per pool, held slots not yet bound to a job: queued
+	// demand beyond them is waiting for a slot.
+	unbound map[string]int
+	st      Status
+}
+
+func newStatusBuilder(f *Fleet) *statusBuilder {
 	labels := f.PoolLabels()
-	match := NewMatcher(labels)
-	pools := map[string]*PoolStatus{}
-	poolOf := func(name string) *PoolStatus {
-		p, ok := pools[name]
-		if !ok {
-			p = &PoolStatus{Name: name, Labels: labels[name], Capacity: f.Capacity(name),
-				CordonedHosts: []string{}, Alarms: []string{}, HeldBy: []HeldSlot{}}
-			pools[name] = p
-		}
-		return p
-	}
+	b := &statusBuilder{f: f, labels: labels, match: NewMatcher(labels),
+		pools: map[string]*PoolStatus{}, unbound: map[string]int{},
+		st: Status{AsOfSeq: f.LastSeq, Skipped: f.Skipped, Alarms: []AlarmView{}, Abandoned: []AbandonedVM{}}}
+	// Every configured pool is listed, even one nothing refers to yet.
 	for name := range labels {
-		poolOf(name)
+		b.pool(name)
 	}
 	for name := range f.Pools {
-		poolOf(name)
+		b.pool(name)
 	}
-	unbound := map[string]int{}
-	st := Status{AsOfSeq: f.LastSeq, Skipped: f.Skipped, Alarms: []AlarmView{}, Abandoned: []AbandonedVM{}}
-	for _, a := range f.Attempts {
+	return b
+}
+
+// pool returns the named pool's entry, creating it with empty (not nil)
+// lists so the JSON contract always has arrays.
+func (b *statusBuilder) pool(name string) *PoolStatus {
+	p, ok := b.pools[name]
+	if !ok {
+		p = &PoolStatus{Name: name, Labels: b.labels[name], Capacity: b.f.Capacity(name),
+			CordonedHosts: []string{}, Alarms: []string{}, HeldBy: []HeldSlot{}}
+		b.pools[name] = p
+	}
+	return p
+}
+
+// addAttempts counts abandoned VMs and held slots, and lists each held slot
+// beside the attempt that accounts for it (law 6).
+func (b *statusBuilder) addAttempts() {
+	for _, a := range b.f.Attempts {
 		if a.Pool == "" {
 			continue
 		}
-		p := poolOf(a.Pool)
+		p := b.pool(a.Pool)
 		if a.Abandoned && !a.Stopped {
 			p.AbandonedVMs++
-			st.Abandoned = append(st.Abandoned, AbandonedVM{a.ID, a.Pool, a.Host, a.AbandonedStep, a.AbandonedAt})
+			b.st.Abandoned = append(b.st.Abandoned, AbandonedVM{a.ID, a.Pool, a.Host, a.AbandonedStep, a.AbandonedAt})
 		}
 		if !a.Held() {
 			continue
 		}
 		p.Held++
-		bound := f.BoundJob(a.ID)
-		switch {
-		case a.Warm && a.Claimed:
-			p.WarmAssigned++
-		case a.Warm && a.Ready:
-			p.WarmIdle++
-		case a.Warm:
-			p.WarmWarming++
-		}
-		switch {
-		case a.Warm && !a.Claimed: // waits for a job, not for a runner: neither running nor provisioning
-		case a.RunnerStarted || bound != 0:
-			p.Running++
-		default:
-			p.Provisioning++
-		}
+		bound := b.f.BoundJob(a.ID)
+		countHeld(p, a, bound)
 		if bound == 0 {
-			unbound[a.Pool]++
+			b.unbound[a.Pool]++
 		}
 		p.HeldBy = append(p.HeldBy, HeldSlot{Attempt: a.ID, Host: a.Host, Stage: a.Stage(), JobID: a.JobID, Bound: bound})
 	}
-	for _, j := range f.Jobs {
+}
+
+// countHeld classifies one held slot: its warm-pool state, and whether it
+// is running a job or still provisioning.
+func countHeld(p *PoolStatus, a *Attempt, bound int64) {
+	switch {
+	case a.Warm && a.Claimed:
+		p.WarmAssigned++
+	case a.Warm && a.Ready:
+		p.WarmIdle++
+	case a.Warm:
+		p.WarmWarming++
+	}
+	switch {
+	case a.Warm && !a.Claimed: // waits for a job, not for a runner: neither running nor provisioning
+	case a.RunnerStarted || bound != 0:
+		p.Running++
+	default:
+		p.Provisioning++
+	}
+}
+
+// addJobs counts jobs by status; a queued job is demand on the pool its
+// labels match, or unmatched if none does.
+func (b *statusBuilder) addJobs() {
+	for _, j := range b.f.Jobs {
 		switch {
 		case j.Unschedulable && j.Status < StatusInProgress:
-			st.Jobs.Unschedulable++
+			b.st.Jobs.Unschedulable++
 		case j.Status == StatusWaiting:
-			st.Jobs.Waiting++
+			b.st.Jobs.Waiting++
 		case j.Status == StatusQueued:
-			st.Jobs.Queued++
-			if name := match.MatchJob(j); name != "" {
-				poolOf(name).PendingDemand++
+			b.st.Jobs.Queued++
+			if name := b.match.MatchJob(j); name != "" {
+				b.pool(name).PendingDemand++
 			} else {
-				st.Jobs.Unmatched++
+				b.st.Jobs.Unmatched++
 			}
 		case j.Status == StatusInProgress:
-			st.Jobs.InProgress++
+			b.st.Jobs.InProgress++
 		case j.Status == StatusCompleted:
-			st.Jobs.Completed++
+			b.st.Jobs.Completed++
 		}
 	}
-	for _, h := range f.Hosts {
+}
+
+// addHosts lists each host with its per-pool slots and holds, and names a
+// cordoned host on every pool it serves.
+func (b *statusBuilder) addHosts() {
+	for _, h := range b.f.Hosts {
 		hs := HostStatus{Name: h.Name, State: h.State, Cordoned: h.Cordoned, CordonReason: h.CordonReason, CordonBy: h.CordonBy,
 			PhysicalCap: h.PhysicalCap, LiveVMs: h.LiveVMs, AbandonedVMs: h.AbandonedVMs,
 			Slots: map[string]int{}, Held: map[string]int{}}
@@ -178,24 +229,35 @@ func (f *Fleet) Status() Status {
 			hs.Slots[name] = ps.Slots
 			hs.Held[name] = h.Held[name]
 			if h.Cordoned {
-				p := poolOf(name)
+				p := b.pool(name)
 				p.CordonedHosts = append(p.CordonedHosts, h.Name)
 			}
 		}
-		st.Hosts = append(st.Hosts, hs)
+		b.st.Hosts = append(b.st.Hosts, hs)
 	}
-	for _, a := range f.Alarms {
+}
+
+// addAlarms lists active alarms, and names each on its pool if it has one.
+func (b *statusBuilder) addAlarms() {
+	for _, a := range b.f.Alarms {
 		if !a.Active {
 			continue
 		}
-		st.Alarms = append(st.Alarms, AlarmView{a.Key, a.Kind, a.Pool, a.Message, a.RaisedAt})
+		b.st.Alarms = append(b.st.Alarms, AlarmView{a.Key, a.Kind, a.Pool, a.Message, a.RaisedAt})
 		if a.Pool != "" {
-			p := poolOf(a.Pool)
+			p := b.pool(a.Pool)
 			p.Alarms = append(p.Alarms, a.Key)
 		}
 	}
-	for _, p := range pools {
-		if w := p.PendingDemand - unbound[p.Name]; w > 0 {
+}
+
+// finish derives waiting-for-slot (queued demand the unbound held slots do
+// not cover) and sorts every list, so that the view does not depend on map
+// order.
+func (b *statusBuilder) finish() Status {
+	st := b.st
+	for _, p := range b.pools {
+		if w := p.PendingDemand - b.unbound[p.Name]; w > 0 {
 			p.WaitingForSlot = w
 		}
 		sort.Slice(p.HeldBy, func(i, j int) bool { return p.HeldBy[i].Attempt < p.HeldBy[j].Attempt })

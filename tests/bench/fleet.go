@@ -69,7 +69,7 @@ type Fleet struct {
 }
 
 // StartFleet starts a fleet and waits until the dispatcher's fold shows every
-// host online.
+// host online. On any error it closes what it started.
 func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -97,30 +97,11 @@ func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
 		return f, err
 	}
 	const secret = "bench-secret"
-	f.Sim, err = ghsim.New(ghsim.Config{WebhookURL: "http://" + dispAddr + "/webhook", WebhookSecret: secret,
-		Org: "example-org", Repo: "example-repo", FixturesDir: o.Fixtures, AcquireTimeout: 5 * time.Second,
-		// GitHub's own budget (15,000 calls an hour, one JIT config per job)
-		// would cap a long run near 4 jobs/s: the bench measures Berth.
-		RateLimitPerHour: 1 << 30})
+	simURL, err := f.startSim(o, dispAddr, secret)
 	if err != nil {
 		return f, err
 	}
-	simURL, err := f.Sim.Start("127.0.0.1:0")
-	if err != nil {
-		return f, err
-	}
-	cfg := &config.Config{
-		DataDir: dir,
-		NATS:    config.NATS{URL: f.NATSURL},
-		Dispatcher: config.Dispatcher{Listen: dispAddr, WebhookSecret: secret,
-			GitHub: config.GitHub{APIURL: simURL, Token: "sim-token", Scope: "org", Org: "example-org"}},
-		Watchdog: config.Watchdog{Listen: "127.0.0.1:0", AbandonedCap: o.AbandonedCap,
-			ProvisionTimeout: 2 * time.Minute, RegistrationTimeout: 2 * time.Minute},
-	}
-	if o.Warm > 0 {
-		cfg.Dispatcher.WarmPools = map[string]config.WarmPool{"linux": {MinIdle: o.Warm}}
-	}
-	cfg.Defaults()
+	cfg := fleetConfig(o, dir, f.NATSURL, dispAddr, simURL, secret)
 	sctx, cancel := context.WithCancel(context.Background())
 	f.cancel = cancel
 	// Dev starts the dispatcher and the watchdog on the server above (the
@@ -130,6 +111,52 @@ func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
 	if err != nil {
 		return f, err
 	}
+	if err := f.startAgents(sctx, o, cfg); err != nil {
+		return f, err
+	}
+	f.NC, f.JS, err = eventlog.Connect(f.NATSURL, "berth-bench")
+	if err != nil {
+		return f, err
+	}
+	return f, f.awaitHostsOnline(ctx, o.Hosts)
+}
+
+// startSim starts the GitHub simulator, sending its webhooks to the
+// dispatcher's address, and returns its API URL.
+func (f *Fleet) startSim(o FleetOptions, dispAddr, secret string) (string, error) {
+	var err error
+	f.Sim, err = ghsim.New(ghsim.Config{WebhookURL: "http://" + dispAddr + "/webhook", WebhookSecret: secret,
+		Org: "example-org", Repo: "example-repo", FixturesDir: o.Fixtures, AcquireTimeout: 5 * time.Second,
+		// GitHub's own budget (15,000 calls an hour, one JIT config per job)
+		// would cap a long run near 4 jobs/s: the bench measures Berth.
+		RateLimitPerHour: 1 << 30})
+	if err != nil {
+		return "", err
+	}
+	return f.Sim.Start("127.0.0.1:0")
+}
+
+// fleetConfig is the dispatcher's and the watchdog's configuration; the
+// agents are added one by one by startAgents.
+func fleetConfig(o FleetOptions, dir, natsURL, dispAddr, simURL, secret string) *config.Config {
+	cfg := &config.Config{
+		DataDir: dir,
+		NATS:    config.NATS{URL: natsURL},
+		Dispatcher: config.Dispatcher{Listen: dispAddr, WebhookSecret: secret,
+			GitHub: config.GitHub{APIURL: simURL, Token: "sim-token", Scope: "org", Org: "example-org"}},
+		Watchdog: config.Watchdog{Listen: "127.0.0.1:0", AbandonedCap: o.AbandonedCap,
+			ProvisionTimeout: 2 * time.Minute, RegistrationTimeout: 2 * time.Minute},
+	}
+	if o.Warm > 0 {
+		cfg.Dispatcher.WarmPools = map[string]config.WarmPool{"linux": {MinIdle: o.Warm}}
+	}
+	cfg.Defaults()
+	return cfg
+}
+
+// startAgents starts one agent per host, each on its own in-process
+// backend, in the services' context.
+func (f *Fleet) startAgents(sctx context.Context, o FleetOptions, cfg *config.Config) error {
 	for i := 0; i < o.Hosts; i++ {
 		ac := config.Agent{
 			Host: "host-" + strconv.Itoa(i), Listen: "127.0.0.1:0", Heartbeat: time.Second,
@@ -147,13 +174,16 @@ func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
 		be.Boot, be.WarmCapable = o.Boot, o.Warm > 0
 		f.Backends = append(f.Backends, be)
 		if _, err := run.AgentWith(sctx, f.Sys, cfg, one.Agents[0], be, o.Logger); err != nil {
-			return f, err
+			return err
 		}
 	}
-	f.NC, f.JS, err = eventlog.Connect(f.NATSURL, "berth-bench")
-	if err != nil {
-		return f, err
-	}
+	return nil
+}
+
+// awaitHostsOnline waits up to 30 s until the dispatcher's fold shows n
+// hosts accepting work with their keys known: before that, placement would
+// see a smaller fleet than the bench asked for.
+func (f *Fleet) awaitHostsOnline(ctx context.Context, n int) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		online := 0
@@ -164,13 +194,13 @@ func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
 				}
 			}
 		}); err != nil {
-			return f, err
+			return err
 		}
-		if online == o.Hosts {
-			return f, nil
+		if online == n {
+			return nil
 		}
 		if time.Now().After(deadline) {
-			return f, fmt.Errorf("only %d of %d hosts online in the dispatcher's fold after 30s", online, o.Hosts)
+			return fmt.Errorf("only %d of %d hosts online in the dispatcher's fold after 30s", online, n)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

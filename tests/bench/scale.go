@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/tests/ghsim"
 )
 
 // ScaleOptions size the scale phase.
@@ -40,16 +41,9 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 	}
 	fill := Workload(o.Jobs, e.Seed+3, 0.3, o.Duration, o.Duration, e.BareLabel)
 	probes := Workload(o.Probes, e.Seed+4, 0.3, 0, 0, e.BareLabel)
-	pools := map[string][]string{"linux": LinuxLabels, "macos": MacLabels}
-	perPool := map[string]int{}
-	for _, s := range append(fill[:len(fill):len(fill)], probes...) {
-		perPool[events.MatchPool(s.Labels, pools)]++
-	}
-	for pool, slots := range map[string]int{"linux": o.LinuxSlots * o.Hosts, "macos": o.MacSlots * o.Hosts} {
-		if perPool[pool] > slots {
-			return res, fmt.Errorf("scale: %d %s jobs and probes need more than the %d %s slots; raise -scale-%s-slots so every job runs at once",
-				perPool[pool], pool, slots, pool, map[string]string{"linux": "linux", "macos": "mac"}[pool])
-		}
+	perPool, err := scalePerPool(o, fill, probes)
+	if err != nil {
+		return res, err
 	}
 	f, err := e.fleet(ctx, FleetOptions{Hosts: o.Hosts, LinuxSlots: o.LinuxSlots, MacSlots: o.MacSlots})
 	if err != nil {
@@ -66,74 +60,154 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 		return res, err
 	}
 	defer c.Stop()
-	status := func() string {
-		total, last := c.Total()
-		return fmt.Sprintf("%d running, %d completed; log: %d queued, %d reserved, %d placed, %d released, %d facts, the last %s ago; runner failures %d",
-			c.Get(events.TypeJobInProgress), c.Get(events.TypeJobCompleted), c.Get(events.TypeJobQueued), c.Get(events.TypeSlotReserved),
-			c.Get(events.TypeAttemptPlaced), c.Get(events.TypeSlotReleased), total, time.Since(last).Round(time.Millisecond), f.RunnerFailures())
-	}
-	progress := func() int64 { t, _ := c.Total(); return t }
-	defer e.every(30*time.Second, func() { e.say("scale: %s", status()) })()
+	r := &scaleRun{e: e, o: o, f: f, c: c, rate: rate}
+	defer e.every(30*time.Second, func() { e.say("scale: %s", r.status()) })()
 
 	e.say("scale: filling %d hosts (%d linux + %d macos slots) with %d jobs of %s", o.Hosts, o.LinuxSlots*o.Hosts, o.MacSlots*o.Hosts, o.Jobs, o.Duration)
-	start := time.Now()
-	isFill := map[int64]bool{}
-	for _, s := range fill {
-		isFill[f.Sim.Enqueue(s)] = true
-	}
-	full := func() bool { return c.Get(events.TypeJobInProgress) >= int64(o.Jobs) }
-	if err := Wait(ctx, "scale fill", e.Timeout, e.Stall, full, progress, status); err != nil {
-		return res, fmt.Errorf("%w\n%s", err, diagnose(ctx, f))
-	}
-	filled := time.Since(start)
-	if n := c.Get(events.TypeJobCompleted); n > 0 {
-		return res, fmt.Errorf("scale: %d jobs finished before all %d ran at once (the fill took %s); raise -scale-duration", n, o.Jobs, filled.Round(time.Second))
-	}
-	loaded := measure()
-	e.say("scale: %d jobs running after %s; offering %d probe jobs at %d jobs/s", o.Jobs, filled.Round(time.Millisecond), o.Probes, rate)
-	stopProfile, err := cpuProfile(o.CPUProfile)
+	filled, isFill, err := r.fillUp(ctx, fill)
 	if err != nil {
 		return res, err
 	}
-	defer stopProfile() // on a failed wait; stopping twice is harmless
-	probeStart := time.Now()
-	for i, s := range probes {
-		if d := time.Until(probeStart.Add(time.Duration(float64(i) / float64(rate) * float64(time.Second)))); d > 0 {
-			time.Sleep(d)
-		}
-		f.Sim.Enqueue(s)
+	loaded := measure()
+	e.say("scale: %d jobs running after %s; offering %d probe jobs at %d jobs/s", o.Jobs, filled.Round(time.Millisecond), o.Probes, rate)
+	probeStart, probesDone, err := r.probe(ctx, probes)
+	if err != nil {
+		return res, err
 	}
-	probed := func() bool { return c.Get(events.TypeJobCompleted) >= int64(o.Probes) }
-	if err := Wait(ctx, "scale probes", e.Timeout, e.Stall, probed, progress, status); err != nil {
-		return res, fmt.Errorf("%w\n%s", err, diagnose(ctx, f))
-	}
-	probesDone := time.Now()
-	stopProfile()
 	if o.CPUProfile != "" {
 		res.Notes = append(res.Notes, "CPU profile of the probe window: `go tool pprof -top "+o.CPUProfile+"`")
 	}
 	e.say("scale: probes served; waiting for the %d jobs to finish", o.Jobs)
-	// Nothing is logged while the jobs run: the stall clock allows for that.
-	if err := Wait(ctx, "scale drain", e.Timeout+o.Duration, e.Stall+o.Duration, func() bool { return c.Settled(int64(o.Jobs + o.Probes)) }, progress, status); err != nil {
-		return res, fmt.Errorf("%w\n%s", err, diagnose(ctx, f))
-	}
-	last, err := LastSeq(ctx, f.JS)
+	last, tl, err := r.drain(ctx, base)
 	if err != nil {
 		return res, err
 	}
-	log, err := ReadLog(ctx, f.JS, base+1, last, time.Minute)
-	if err != nil {
-		return res, err
-	}
-	tl := BuildTimeline(log)
 	quiet()
 	after := measure()
 	f.Sim.Close() // it keeps every job and webhook: its share is not Berth's
 	f.Sim = nil
 	noSim := measure()
 
-	var fillLat, probeLat []time.Duration
-	var firstEnd time.Time
+	fillLat, probeLat, firstEnd := scaleLatencies(tl, isFill)
+	if firstEnd.Before(probesDone) {
+		return res, fmt.Errorf("scale: a job of the fill finished while probes were still served, so they did not all run under the full load; raise -scale-duration above %s",
+			(filled + probesDone.Sub(probeStart)).Round(time.Second))
+	}
+	res.Rows = append(res.Rows, r.rows(filled, fillLat, probeLat, scaleHeaps{idle: idle, loaded: loaded, after: after, noSim: noSim})...)
+	n := float64(o.Jobs + o.Probes)
+	res.Notes = append(res.Notes, fmt.Sprintf("%d linux and %d macos jobs and probes by label match; %.2f facts per job; runner failures %d",
+		perPool["linux"], perPool["macos"], float64(last-base)/n, f.RunnerFailures()))
+	return res, nil
+}
+
+// scalePerPool counts the jobs and probes each pool gets by label match, and
+// refuses a size whose jobs cannot all run at once: the phase measures a
+// full fleet, not a queue.
+func scalePerPool(o ScaleOptions, fill, probes []ghsim.JobSpec) (map[string]int, error) {
+	pools := map[string][]string{"linux": LinuxLabels, "macos": MacLabels}
+	perPool := map[string]int{}
+	for _, s := range append(fill[:len(fill):len(fill)], probes...) {
+		perPool[events.MatchPool(s.Labels, pools)]++
+	}
+	for pool, slots := range map[string]int{"linux": o.LinuxSlots * o.Hosts, "macos": o.MacSlots * o.Hosts} {
+		if perPool[pool] > slots {
+			return nil, fmt.Errorf("scale: %d %s jobs and probes need more than the %d %s slots; raise -scale-%s-slots so every job runs at once",
+				perPool[pool], pool, slots, pool, map[string]string{"linux": "linux", "macos": "mac"}[pool])
+		}
+	}
+	return perPool, nil
+}
+
+// scaleRun is one run of the scale phase: its fleet and the counter of the
+// facts logged since it started.
+type scaleRun struct {
+	e    Env
+	o    ScaleOptions
+	f    *Fleet
+	c    *Counter
+	rate int
+}
+
+// status is the progress line: what runs, and what the log has seen.
+func (r *scaleRun) status() string {
+	c := r.c
+	total, last := c.Total()
+	return fmt.Sprintf("%d running, %d completed; log: %d queued, %d reserved, %d placed, %d released, %d facts, the last %s ago; runner failures %d",
+		c.Get(events.TypeJobInProgress), c.Get(events.TypeJobCompleted), c.Get(events.TypeJobQueued), c.Get(events.TypeSlotReserved),
+		c.Get(events.TypeAttemptPlaced), c.Get(events.TypeSlotReleased), total, time.Since(last).Round(time.Millisecond), r.f.RunnerFailures())
+}
+
+func (r *scaleRun) progress() int64 { t, _ := r.c.Total(); return t }
+
+// fillUp enqueues the fill and waits until every job of it runs at once; it
+// returns how long that took and which job ids are the fill's (the rest
+// are probes).
+func (r *scaleRun) fillUp(ctx context.Context, fill []ghsim.JobSpec) (time.Duration, map[int64]bool, error) {
+	start := time.Now()
+	isFill := map[int64]bool{}
+	for _, s := range fill {
+		isFill[r.f.Sim.Enqueue(s)] = true
+	}
+	full := func() bool { return r.c.Get(events.TypeJobInProgress) >= int64(r.o.Jobs) }
+	if err := Wait(ctx, "scale fill", r.e.Timeout, r.e.Stall, full, r.progress, r.status); err != nil {
+		return 0, nil, fmt.Errorf("%w\n%s", err, diagnose(ctx, r.f))
+	}
+	filled := time.Since(start)
+	if n := r.c.Get(events.TypeJobCompleted); n > 0 {
+		return 0, nil, fmt.Errorf("scale: %d jobs finished before all %d ran at once (the fill took %s); raise -scale-duration", n, r.o.Jobs, filled.Round(time.Second))
+	}
+	return filled, isFill, nil
+}
+
+// probe offers the probes at the unloaded rate while the fill runs, and
+// waits until they are served, with the CPU profile (if asked for) covering
+// just that window. It returns when the probes started and were done.
+func (r *scaleRun) probe(ctx context.Context, probes []ghsim.JobSpec) (start, done time.Time, err error) {
+	stopProfile, err := cpuProfile(r.o.CPUProfile)
+	if err != nil {
+		return start, done, err
+	}
+	defer stopProfile() // on a failed wait; stopping twice is harmless
+	start = time.Now()
+	for i, s := range probes {
+		if d := time.Until(start.Add(time.Duration(float64(i) / float64(r.rate) * float64(time.Second)))); d > 0 {
+			time.Sleep(d)
+		}
+		r.f.Sim.Enqueue(s)
+	}
+	probed := func() bool { return r.c.Get(events.TypeJobCompleted) >= int64(r.o.Probes) }
+	if err := Wait(ctx, "scale probes", r.e.Timeout, r.e.Stall, probed, r.progress, r.status); err != nil {
+		return start, done, fmt.Errorf("%w\n%s", err, diagnose(ctx, r.f))
+	}
+	done = time.Now()
+	stopProfile()
+	return start, done, nil
+}
+
+// drain waits until every job and probe has settled, then reads the run's
+// log (after base) into a timeline; it returns the log's last sequence too.
+func (r *scaleRun) drain(ctx context.Context, base uint64) (uint64, Timeline, error) {
+	o := r.o
+	// Nothing is logged while the jobs run: the stall clock allows for that.
+	settled := func() bool { return r.c.Settled(int64(o.Jobs + o.Probes)) }
+	if err := Wait(ctx, "scale drain", r.e.Timeout+o.Duration, r.e.Stall+o.Duration, settled, r.progress, r.status); err != nil {
+		return 0, Timeline{}, fmt.Errorf("%w\n%s", err, diagnose(ctx, r.f))
+	}
+	last, err := LastSeq(ctx, r.f.JS)
+	if err != nil {
+		return 0, Timeline{}, err
+	}
+	log, err := ReadLog(ctx, r.f.JS, base+1, last, time.Minute)
+	if err != nil {
+		return 0, Timeline{}, err
+	}
+	return last, BuildTimeline(log), nil
+}
+
+// scaleLatencies splits the dispatch latencies (queued → placed) into the
+// fill's and the probes', and finds when the first job of the fill
+// completed: the probes ran under the full load only if that was after them.
+func scaleLatencies(tl Timeline, isFill map[int64]bool) (fillLat, probeLat []time.Duration, firstEnd time.Time) {
 	for id, j := range tl.Jobs {
 		if j.Queued.IsZero() || j.Placed.IsZero() {
 			continue
@@ -147,33 +221,37 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 			probeLat = append(probeLat, j.Placed.Sub(j.Queued))
 		}
 	}
-	if firstEnd.Before(probesDone) {
-		return res, fmt.Errorf("scale: a job of the fill finished while probes were still served, so they did not all run under the full load; raise -scale-duration above %s",
-			(filled + probesDone.Sub(probeStart)).Round(time.Second))
-	}
+	return fillLat, probeLat, firstEnd
+}
+
+// scaleHeaps are the heap readings of one run: before the fill, with every
+// job running, once all finished, and then with the simulator closed.
+type scaleHeaps struct{ idle, loaded, after, noSim memPoint }
+
+// rows are the phase's four figures: fill time, loaded dispatch latency,
+// heap per running job and heap per finished job.
+func (r *scaleRun) rows(filled time.Duration, fillLat, probeLat []time.Duration, h scaleHeaps) []Row {
+	o := r.o
 	n := float64(o.Jobs + o.Probes)
-	simBytes := (float64(after.heap) - float64(noSim.heap)) / n // per job at the end
+	simBytes := (float64(h.after.heap) - float64(h.noSim.heap)) / n // per job at the end
 	// The simulator cannot be closed while the jobs run: this figure keeps
 	// its share (GitHub's, not Berth's; it is taken out of the next one).
-	perLive := (float64(loaded.heap) - float64(idle.heap)) / float64(o.Jobs)
-	perDone := (float64(noSim.heap) - float64(idle.heap)) / n
-	res.Rows = append(res.Rows,
-		Row{Figure: fmt.Sprintf("Scale: fill, %d jobs at once on %d hosts (first enqueue → the last one running)", o.Jobs, o.Hosts),
+	perLive := (float64(h.loaded.heap) - float64(h.idle.heap)) / float64(o.Jobs)
+	perDone := (float64(h.noSim.heap) - float64(h.idle.heap)) / n
+	return []Row{
+		{Figure: fmt.Sprintf("Scale: fill, %d jobs at once on %d hosts (first enqueue → the last one running)", o.Jobs, o.Hosts),
 			Value: ms(filled), Reference: fmt.Sprintf("%d slots offered; %s", (o.LinuxSlots+o.MacSlots)*o.Hosts, pq(Summarize(fillLat))+" webhook → placement"),
 			Target: "—"},
-		e.scaleLatency(Summarize(probeLat), o, rate),
-		Row{Figure: fmt.Sprintf("Scale: heap per running job with %d running, whole process with the simulator (after a forced GC, twice)", o.Jobs),
+		r.e.scaleLatency(Summarize(probeLat), o, r.rate),
+		{Figure: fmt.Sprintf("Scale: heap per running job with %d running, whole process with the simulator (after a forced GC, twice)", o.Jobs),
 			Value:     bytesStr(perLive),
-			Reference: fmt.Sprintf("heap before the fill: %s; the simulator keeps %s a job at the end", bytesStr(float64(idle.heap)), bytesStr(simBytes)),
+			Reference: fmt.Sprintf("heap before the fill: %s; the simulator keeps %s a job at the end", bytesStr(float64(h.idle.heap)), bytesStr(simBytes)),
 			Target:    "memory proportional to live jobs"},
-		Row{Figure: "Scale: heap per finished job once all finished and quiet, the simulator closed (Berth and NATS)",
+		{Figure: "Scale: heap per finished job once all finished and quiet, the simulator closed (Berth and NATS)",
 			Value:     bytesStr(perDone),
-			Reference: fmt.Sprintf("heap before the fill: %s", bytesStr(float64(idle.heap))),
+			Reference: fmt.Sprintf("heap before the fill: %s", bytesStr(float64(h.idle.heap))),
 			Target:    historyTarget(perDone, o)},
-	)
-	res.Notes = append(res.Notes, fmt.Sprintf("%d linux and %d macos jobs and probes by label match; %.2f facts per job; runner failures %d",
-		perPool["linux"], perPool["macos"], float64(last-base)/n, f.RunnerFailures()))
-	return res, nil
+	}
 }
 
 // scaleLatency compares the probes' dispatch latency, with the fleet full,

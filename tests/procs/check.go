@@ -291,8 +291,29 @@ func (s *System) Verify() {
 	if err != nil {
 		t.Fatalf("replay: %v", err)
 	}
+	unschedulable := s.verifyJobs(fleet)
+	s.verifyEmpty("replay", fleet.Status())
+	for _, v := range fleet.Check() {
+		t.Errorf("invariant broken in the log: %s", v)
+	}
+	s.verifyServices(ctx)
+	s.verifyHosts()
+	s.verifyAttemptsDisjoint()
+	for _, p := range s.Procs() {
+		if u := p.Unexpected(); u != "" {
+			t.Errorf("%s", u)
+		}
+	}
+	t.Logf("verified: %d jobs (%d unschedulable), %d attempts, %d events", len(s.Sim.Jobs()), unschedulable, len(fleet.Attempts), fleet.LastSeq)
+}
+
+// verifyJobs checks that GitHub and the log agree each job was served
+// exactly once by one of Berth's runners, or given up on with a reason; it
+// returns how many were given up on.
+func (s *System) verifyJobs(fleet *events.Fleet) (unschedulable int) {
+	t := s.t
+	t.Helper()
 	runners := map[string]int64{}
-	var unschedulable int
 	for _, j := range s.Sim.Jobs() {
 		fj := fleet.Jobs[j.ID]
 		switch {
@@ -312,30 +333,38 @@ func (s *System) Verify() {
 				j.ID, j.Status, j.Completions, j.RunnerName, fj)
 		}
 	}
-	st := fleet.Status()
-	checkEmpty := func(where string, st events.Status) {
-		for _, p := range st.Pools {
-			if p.Held != 0 {
-				t.Errorf("%s: pool %s holds %d slots: %+v", where, p.Name, p.Held, p.HeldBy)
-			}
-		}
-		for _, h := range st.Hosts {
-			if h.LiveVMs != 0 {
-				t.Errorf("%s: host %s has %d live VMs", where, h.Name, h.LiveVMs)
-			}
+	return unschedulable
+}
+
+// verifyEmpty checks that one view of the fleet (the replay's, or a live
+// service's) holds no slot and counts no live VM.
+func (s *System) verifyEmpty(where string, st events.Status) {
+	t := s.t
+	t.Helper()
+	for _, p := range st.Pools {
+		if p.Held != 0 {
+			t.Errorf("%s: pool %s holds %d slots: %+v", where, p.Name, p.Held, p.HeldBy)
 		}
 	}
-	checkEmpty("replay", st)
-	for _, v := range fleet.Check() {
-		t.Errorf("invariant broken in the log: %s", v)
+	for _, h := range st.Hosts {
+		if h.LiveVMs != 0 {
+			t.Errorf("%s: host %s has %d live VMs", where, h.Name, h.LiveVMs)
+		}
 	}
+}
+
+// verifyServices checks every live dispatcher and watchdog: its projection
+// is empty and equals a replay of the log (`berth replay --check`).
+func (s *System) verifyServices(ctx context.Context) {
+	t := s.t
+	t.Helper()
 	for _, base := range s.liveServiceURLs() {
 		live, err := s.Status(base)
 		if err != nil {
 			t.Errorf("%v", err)
 			continue
 		}
-		checkEmpty(base, live)
+		s.verifyEmpty(base, live)
 		diffs, seq, err := cli.Check(ctx, s.js, base, nil)
 		if err != nil {
 			t.Errorf("replay --check %s: %v", base, err)
@@ -343,6 +372,14 @@ func (s *System) Verify() {
 			t.Errorf("replay --check %s: %d differences at seq %d:\n  %s", base, len(diffs), seq, strings.Join(diffs, "\n  "))
 		}
 	}
+}
+
+// verifyHosts checks that nothing of a VM is left on any host: not in its
+// backend's inventory, not as an attempt work directory, not as a runner
+// process.
+func (s *System) verifyHosts() {
+	t := s.t
+	t.Helper()
 	for _, a := range s.Config.Agents {
 		if vms, err := s.Inventory(a.Host); err != nil || len(vms) > 0 {
 			t.Errorf("host %s inventory: %v %v", a.Host, vms, err)
@@ -355,6 +392,13 @@ func (s *System) Verify() {
 	if r := runnerProcs(s.Dir); len(r) > 0 {
 		t.Errorf("runner processes alive: %v", r)
 	}
+}
+
+// verifyAttemptsDisjoint checks law 4 over the whole run: no attempt id
+// ever had two live VMs at once (as sampled), nor two create steps.
+func (s *System) verifyAttemptsDisjoint() {
+	t := s.t
+	t.Helper()
 	s.vms.mu.Lock()
 	for a, ps := range s.vms.doubled {
 		t.Errorf("attempt %s had two live VMs at once: %v", a, ps)
@@ -370,10 +414,4 @@ func (s *System) Verify() {
 	if len(twice) > 0 {
 		t.Errorf("attempts created more than once: %v", twice)
 	}
-	for _, p := range s.Procs() {
-		if u := p.Unexpected(); u != "" {
-			t.Errorf("%s", u)
-		}
-	}
-	t.Logf("verified: %d jobs (%d unschedulable), %d attempts, %d events", len(s.Sim.Jobs()), unschedulable, len(fleet.Attempts), fleet.LastSeq)
 }

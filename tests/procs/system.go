@@ -87,6 +87,31 @@ type System struct {
 // of the system is left.
 func Start(t *testing.T, o Options) *System {
 	t.Helper()
+	o.defaults()
+	s := newSystem(t, Build(t))
+	clientOpts := s.startNATSWithAuth(o)
+	dispAddrs := s.startSim(o)
+	var err error
+	s.nc, s.js, err = eventlog.Connect(s.NATS.URL(), "procs-test", clientOpts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.vms = watchVMs(s.Dir)
+	s.wg.Add(2)
+	go func() { defer s.wg.Done(); s.vms.run(s.ctx) }()
+	go func() { defer s.wg.Done(); s.redeliver(s.ctx) }()
+	s.startServices(o, dispAddrs)
+	for _, u := range append(append([]string{}, s.DispatcherURLs...), s.WatchdogURLs...) {
+		s.awaitHealthz(u, 30*time.Second)
+	}
+	for _, a := range s.Config.Agents {
+		s.awaitHealthz("http://"+a.Listen, 30*time.Second)
+	}
+	return s
+}
+
+// defaults fills in the sizes Options leaves zero.
+func (o *Options) defaults() {
 	if o.NATSNodes == 0 {
 		o.NATSNodes = 1
 	}
@@ -99,7 +124,13 @@ func Start(t *testing.T, o Options) *System {
 	if len(o.Hosts) == 0 {
 		o.Hosts = []string{"host-a", "host-b"}
 	}
-	b := Build(t)
+}
+
+// newSystem makes the run's directory and tag, and registers the cleanup
+// first, so that whatever Start starts after it is killed even when a later
+// step fails the test.
+func newSystem(t *testing.T, b Bins) *System {
+	t.Helper()
 	tagBytes := make([]byte, 8)
 	_, _ = rand.Read(tagBytes)
 	dir := t.TempDir()
@@ -114,7 +145,15 @@ func Start(t *testing.T, o Options) *System {
 	s := &System{t: t, Dir: dir, Bins: b, tag: hex.EncodeToString(tagBytes)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	t.Cleanup(s.cleanup)
+	return s
+}
 
+// startNATSWithAuth starts the NATS server or cluster, with the generated
+// authorization when o.Auth asks for it, and returns the options the
+// harness's own client connects with (the cli user's key).
+func (s *System) startNATSWithAuth(o Options) []nats.Option {
+	t := s.t
+	t.Helper()
 	var clientOpts []nats.Option
 	if o.Auth {
 		var err error
@@ -131,8 +170,17 @@ func Start(t *testing.T, o Options) *System {
 		}
 		clientOpts = append(clientOpts, opt)
 	}
-	s.NATS = startNATS(t, b.NATS, s.Dir, s.tag, o.NATSNodes, s.Auth, clientOpts)
-	fixtures, err := harness.FixturesDir(b.Root)
+	s.NATS = startNATS(t, s.Bins.NATS, s.Dir, s.tag, o.NATSNodes, s.Auth, clientOpts)
+	return clientOpts
+}
+
+// startSim picks the dispatchers' addresses, starts the webhook relay to
+// them and the GitHub simulator behind it, and writes the configuration
+// that points at both; it returns the dispatchers' addresses.
+func (s *System) startSim(o Options) []string {
+	t := s.t
+	t.Helper()
+	fixtures, err := harness.FixturesDir(s.Bins.Root)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,16 +202,12 @@ func Start(t *testing.T, o Options) *System {
 		t.Fatal(err)
 	}
 	s.Config = s.config(o, simURL, dispAddrs[0], secret)
+	return dispAddrs
+}
 
-	s.nc, s.js, err = eventlog.Connect(s.NATS.URL(), "procs-test", clientOpts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.vms = watchVMs(s.Dir)
-	s.wg.Add(2)
-	go func() { defer s.wg.Done(); s.vms.run(s.ctx) }()
-	go func() { defer s.wg.Done(); s.redeliver(s.ctx) }()
-
+// startServices starts the dispatchers, the watchdogs and one agent per
+// host, each with its own role's credentials.
+func (s *System) startServices(o Options, dispAddrs []string) {
 	for i := range o.Dispatchers {
 		c := *s.Config
 		c.NATS.NKeyFile = s.seedFile(natsauth.RoleDispatcher)
@@ -179,7 +223,7 @@ func Start(t *testing.T, o Options) *System {
 	for i := range o.Watchdogs {
 		c := *s.Config
 		c.NATS.NKeyFile = s.seedFile(natsauth.RoleWatchdog)
-		c.Watchdog.Listen = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		c.Watchdog.Listen = fmt.Sprintf("127.0.0.1:%d", freePort(s.t))
 		s.WatchdogURLs = append(s.WatchdogURLs, "http://"+c.Watchdog.Listen)
 		s.Watchdogs = append(s.Watchdogs, s.service(o, fmt.Sprintf("watchdog-%d", i), &c, "watchdog"))
 	}
@@ -190,13 +234,6 @@ func Start(t *testing.T, o Options) *System {
 		c.NATS.CredsFile = s.seedFile(natsauth.AgentRole(a.Host))
 		s.Agents = append(s.Agents, s.service(o, "agent-"+a.Host, &c, "agent", "--host", a.Host))
 	}
-	for _, u := range append(append([]string{}, s.DispatcherURLs...), s.WatchdogURLs...) {
-		s.awaitHealthz(u, 30*time.Second)
-	}
-	for _, a := range s.Config.Agents {
-		s.awaitHealthz("http://"+a.Listen, 30*time.Second)
-	}
-	return s
 }
 
 // config is harness.Config (the demo's two hosts with linux and macos

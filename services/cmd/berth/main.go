@@ -19,6 +19,7 @@ import (
 	"github.com/berth-ci/berth/services/logx"
 	"github.com/berth-ci/berth/services/natsauth"
 	"github.com/berth-ci/berth/services/run"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 )
 
@@ -339,62 +340,11 @@ func replayCmd(natsURL *string) *cobra.Command {
 				return natsError{err}
 			}
 			defer closeNC()
-			ctx := cmd.Context()
 			bar := cli.NewProgress(cmd.ErrOrStderr())
 			if check {
-				bad := 0
-				for _, url := range services {
-					diffs, seq, err := cli.Check(ctx, js, url, bar.Update)
-					bar.Done()
-					if err != nil {
-						return err
-					}
-					if len(diffs) == 0 {
-						fmt.Fprintf(cmd.OutOrStdout(), "%s: live projection equals a replay at seq %d\n", url, seq)
-						continue
-					}
-					bad++
-					fmt.Fprintf(cmd.OutOrStdout(), "%s: %d differences from a replay at seq %d (restart the service to rebuild its state):\n", url, len(diffs), seq)
-					for _, d := range diffs {
-						fmt.Fprintln(cmd.OutOrStdout(), "  "+d)
-					}
-				}
-				if bad > 0 {
-					return fmt.Errorf("%d of %d services differ from the log", bad, len(services))
-				}
-				return nil
+				return replayCheck(cmd, js, services, bar)
 			}
-			if seq != 0 && at != "" {
-				return usageError{fmt.Errorf("--seq and --at both name a point in the log: give one")}
-			}
-			var until time.Time
-			if at != "" {
-				if until, err = time.Parse(time.RFC3339, at); err != nil {
-					return usageError{fmt.Errorf("--at %q: give an RFC 3339 time such as 2026-11-30T09:00:00Z", at)}
-				}
-			}
-			r, err := cli.Replay(ctx, js, seq, until, bar.Update)
-			bar.Done()
-			if err != nil {
-				return readError(err)
-			}
-			st, violations := r.Status, r.Violations
-			if note := r.Note(); note != "" {
-				fmt.Fprintln(cmd.ErrOrStderr(), note)
-			}
-			if seq > st.AsOfSeq {
-				fmt.Fprintf(cmd.ErrOrStderr(), "note: the log ends at seq %d; this is the fleet as of then\n", st.AsOfSeq)
-			}
-			if err := cli.PrintStatus(cmd.OutOrStdout(), st, asJSON, time.Now()); err != nil {
-				return err
-			}
-			if len(violations) > 0 && !asJSON {
-				fmt.Fprintln(cmd.OutOrStdout(), "invariants broken in this history:")
-				for _, v := range violations {
-					fmt.Fprintln(cmd.OutOrStdout(), "  "+v.String())
-				}
-			}
-			return nil
+			return replayPrint(cmd, js, seq, at, asJSON, bar)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (the status contract)")
@@ -404,6 +354,73 @@ func replayCmd(natsURL *string) *cobra.Command {
 	cmd.Flags().StringSliceVar(&services, "service", []string{"http://127.0.0.1:8080", "http://127.0.0.1:8081"},
 		"base URL of a dispatcher or watchdog (repeatable)")
 	return cmd
+}
+
+// replayCheck compares each service's live projection with a replay up to
+// the same sequence, printing every difference; it fails when any service
+// differs, so that a script can tell a diverged service from a healthy one.
+func replayCheck(cmd *cobra.Command, js jetstream.JetStream, services []string, bar *cli.ProgressBar) error {
+	out := cmd.OutOrStdout()
+	bad := 0
+	for _, url := range services {
+		diffs, seq, err := cli.Check(cmd.Context(), js, url, bar.Update)
+		bar.Done()
+		if err != nil {
+			return err
+		}
+		if len(diffs) == 0 {
+			fmt.Fprintf(out, "%s: live projection equals a replay at seq %d\n", url, seq)
+			continue
+		}
+		bad++
+		fmt.Fprintf(out, "%s: %d differences from a replay at seq %d (restart the service to rebuild its state):\n", url, len(diffs), seq)
+		for _, d := range diffs {
+			fmt.Fprintln(out, "  "+d)
+		}
+	}
+	if bad > 0 {
+		return fmt.Errorf("%d of %d services differ from the log", bad, len(services))
+	}
+	return nil
+}
+
+// replayPrint folds the log up to --seq or --at and prints the fleet as
+// `berth status` does, with the invariants that history breaks. Notes about
+// where the replay started or ended go to stderr, so that --json output
+// stays the status contract alone.
+func replayPrint(cmd *cobra.Command, js jetstream.JetStream, seq uint64, at string, asJSON bool, bar *cli.ProgressBar) error {
+	if seq != 0 && at != "" {
+		return usageError{fmt.Errorf("--seq and --at both name a point in the log: give one")}
+	}
+	var until time.Time
+	if at != "" {
+		var err error
+		if until, err = time.Parse(time.RFC3339, at); err != nil {
+			return usageError{fmt.Errorf("--at %q: give an RFC 3339 time such as 2026-11-30T09:00:00Z", at)}
+		}
+	}
+	r, err := cli.Replay(cmd.Context(), js, seq, until, bar.Update)
+	bar.Done()
+	if err != nil {
+		return readError(err)
+	}
+	st, violations := r.Status, r.Violations
+	if note := r.Note(); note != "" {
+		fmt.Fprintln(cmd.ErrOrStderr(), note)
+	}
+	if seq > st.AsOfSeq {
+		fmt.Fprintf(cmd.ErrOrStderr(), "note: the log ends at seq %d; this is the fleet as of then\n", st.AsOfSeq)
+	}
+	if err := cli.PrintStatus(cmd.OutOrStdout(), st, asJSON, time.Now()); err != nil {
+		return err
+	}
+	if len(violations) > 0 && !asJSON {
+		fmt.Fprintln(cmd.OutOrStdout(), "invariants broken in this history:")
+		for _, v := range violations {
+			fmt.Fprintln(cmd.OutOrStdout(), "  "+v.String())
+		}
+	}
+	return nil
 }
 
 func hostActionCmd(natsURL *string, action, short string) *cobra.Command {

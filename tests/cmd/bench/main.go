@@ -70,29 +70,105 @@ var smoke = sizes{
 	goBenchTime: "20x", phaseTimeout: 45 * time.Second, stall: 20 * time.Second, goTimeout: 3 * time.Minute,
 }
 
+// options are the command line's choices other than the sizes.
+type options struct {
+	isSmoke, noWrite, goBench, bareLabel bool
+	out, only, cpuProfile                string
+	heapDir, logLevel, asCmd             string
+	scaleProfile                         string
+	seed                                 uint64
+}
+
+// phase is one phase of the suite: its name (for -phases), the sizes it
+// runs at (for the section), and how to run it.
+type phase struct {
+	name, size string
+	run        func() (bench.Result, error)
+}
+
 func main() {
 	began := time.Now()
-	var (
-		isSmoke, noWrite, goBench bool
-		bareLabel                 bool
-		out, only, cpuProfile     string
-		heapDir, logLevel, asCmd  string
-		scaleProfile              string
-		seed                      uint64
-		s                         = full
-	)
-	flag.BoolVar(&isSmoke, "smoke", false, "tiny sizes (under a minute): the CI smoke run; explicit size flags still win")
-	flag.BoolVar(&noWrite, "no-write", false, "print the table only; do not append to BENCHMARKS.md")
-	flag.BoolVar(&goBench, "gobench", true, "also run the Go benchmarks (events, dispatch, watchdog) with -benchmem")
-	flag.StringVar(&out, "out", "", "file to append the section to (default BENCHMARKS.md at the repository root)")
-	flag.StringVar(&only, "phases", "throughput,latency,release,memory,replay,scale,warm", "phases to run, comma-separated")
-	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the throughput phase here and put its top 15 in the section")
-	flag.StringVar(&scaleProfile, "scale-cpuprofile", "", "write a CPU profile of the scale phase's probe window here")
-	flag.StringVar(&heapDir, "heapprofiles", "", "write heap profiles before and after the memory phase's jobs into this directory")
-	flag.StringVar(&logLevel, "log-level", "error", "services' log level (to stderr): debug, info, warn, error")
-	flag.StringVar(&asCmd, "invoked-as", "", "the command to record in BENCHMARKS.md (the Makefile sets it)")
-	flag.Uint64Var(&seed, "seed", 1, "workload seed")
-	flag.BoolVar(&bareLabel, "bare-label", false, "add jobs whose runs-on is just \"self-hosted\" (runners of either pool may take them)")
+	o, s := parseFlags()
+	mode := "full"
+	if o.isSmoke {
+		mode = "smoke"
+	}
+
+	root, err := bench.RepoRoot()
+	check(err)
+	fixtures, err := bench.FixturesDir(root)
+	check(err)
+	if o.out == "" {
+		o.out = filepath.Join(root, "BENCHMARKS.md")
+	}
+	var lvl slog.Level
+	check(lvl.UnmarshalText([]byte(o.logLevel)))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	env := bench.Env{Fixtures: fixtures, Seed: o.seed, Timeout: s.phaseTimeout, Stall: s.stall, BareLabel: o.bareLabel, Unloaded: &bench.Unloaded{},
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})),
+		Progress: func(format string, args ...any) {
+			fmt.Printf("[%s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+		}}
+	want := map[string]bool{}
+	for _, p := range strings.Split(o.only, ",") {
+		want[strings.TrimSpace(p)] = true
+	}
+	phases := phaseList(ctx, env, o, s)
+	m := bench.Describe(root)
+	loadBefore := bench.LoadAvg()
+	fmt.Printf("Berth bench (%s) on %s, %s, %d cores; %s; commit %s; load average %s\n", mode, m.Uname, m.CPU, m.Cores, m.Go, m.Commit, loadBefore)
+	results, sizesDone := runPhases(phases, want, o.out)
+	var profile, gobench string
+	if o.cpuProfile != "" && want["throughput"] {
+		profile, err = pprofTop(ctx, root, o.cpuProfile)
+		check(err)
+	}
+	if o.goBench {
+		fmt.Printf("[%s] go benchmarks (-benchtime %s)\n", time.Now().Format("15:04:05"), s.goBenchTime)
+		gobench, err = goBenchmarks(ctx, root, s.goBenchTime, s.goTimeout)
+		check(err)
+	}
+	printResults(results, gobench)
+	if o.noWrite {
+		return
+	}
+	sec := bench.Section{When: began, Mode: mode, Machine: m, Command: commandLine(o.asCmd), Sizes: sizesDone, Results: results,
+		GoBench: gobench, Profile: profile, Duration: time.Since(began), LoadBefore: loadBefore, LoadAfter: bench.LoadAvg()}
+	check(bench.AppendMarkdown(o.out, sec))
+	fmt.Println("\nappended to", o.out)
+}
+
+// parseFlags reads the command line. With -smoke, the smoke sizes replace
+// the full ones except where a size flag was given explicitly.
+func parseFlags() (options, sizes) {
+	var o options
+	s := full
+	flag.BoolVar(&o.isSmoke, "smoke", false, "tiny sizes (under a minute): the CI smoke run; explicit size flags still win")
+	flag.BoolVar(&o.noWrite, "no-write", false, "print the table only; do not append to BENCHMARKS.md")
+	flag.BoolVar(&o.goBench, "gobench", true, "also run the Go benchmarks (events, dispatch, watchdog) with -benchmem")
+	flag.StringVar(&o.out, "out", "", "file to append the section to (default BENCHMARKS.md at the repository root)")
+	flag.StringVar(&o.only, "phases", "throughput,latency,release,memory,replay,scale,warm", "phases to run, comma-separated")
+	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the throughput phase here and put its top 15 in the section")
+	flag.StringVar(&o.scaleProfile, "scale-cpuprofile", "", "write a CPU profile of the scale phase's probe window here")
+	flag.StringVar(&o.heapDir, "heapprofiles", "", "write heap profiles before and after the memory phase's jobs into this directory")
+	flag.StringVar(&o.logLevel, "log-level", "error", "services' log level (to stderr): debug, info, warn, error")
+	flag.StringVar(&o.asCmd, "invoked-as", "", "the command to record in BENCHMARKS.md (the Makefile sets it)")
+	flag.Uint64Var(&o.seed, "seed", 1, "workload seed")
+	flag.BoolVar(&o.bareLabel, "bare-label", false, "add jobs whose runs-on is just \"self-hosted\" (runners of either pool may take them)")
+	sizeFlags(&s)
+	flag.Parse()
+	if o.isSmoke {
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		s = merge(smoke, s, set)
+	}
+	return o, s
+}
+
+// sizeFlags registers one flag per size, defaulting to the full run's.
+func sizeFlags(s *sizes) {
 	flag.IntVar(&s.tpJobs, "throughput-jobs", s.tpJobs, "throughput: jobs")
 	flag.IntVar(&s.tpHosts, "throughput-hosts", s.tpHosts, "throughput: hosts")
 	flag.StringVar(&s.rates, "rates", s.rates, "dispatch latency: offered rates, jobs/s")
@@ -117,50 +193,21 @@ func main() {
 	flag.StringVar(&s.goBenchTime, "gobench-time", s.goBenchTime, "Go benchmarks: -benchtime")
 	flag.DurationVar(&s.phaseTimeout, "phase-timeout", s.phaseTimeout, "deadline of each phase's main wait")
 	flag.DurationVar(&s.stall, "stall", s.stall, "fail a phase when its log does not move for this long")
-	flag.Parse()
-	if isSmoke {
-		set := map[string]bool{}
-		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
-		s = merge(smoke, s, set)
-	}
-	mode := "full"
-	if isSmoke {
-		mode = "smoke"
-	}
+}
 
-	root, err := bench.RepoRoot()
-	check(err)
-	fixtures, err := bench.FixturesDir(root)
-	check(err)
-	if out == "" {
-		out = filepath.Join(root, "BENCHMARKS.md")
-	}
-	var lvl slog.Level
-	check(lvl.UnmarshalText([]byte(logLevel)))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-
-	env := bench.Env{Fixtures: fixtures, Seed: seed, Timeout: s.phaseTimeout, Stall: s.stall, BareLabel: bareLabel, Unloaded: &bench.Unloaded{},
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})),
-		Progress: func(format string, args ...any) {
-			fmt.Printf("[%s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
-		}}
-	want := map[string]bool{}
-	for _, p := range strings.Split(only, ",") {
-		want[strings.TrimSpace(p)] = true
-	}
+// phaseList is every phase at the chosen sizes, in the order they run: the
+// latency phase comes before scale, which compares with its unloaded
+// figure.
+func phaseList(ctx context.Context, env bench.Env, o options, s sizes) []phase {
 	var rates []int
 	for _, r := range strings.Split(s.rates, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(r))
 		check(err)
 		rates = append(rates, n)
 	}
-	phases := []struct {
-		name, size string
-		run        func() (bench.Result, error)
-	}{
+	return []phase{
 		{"throughput", fmt.Sprintf("throughput %d jobs on %d hosts", s.tpJobs, s.tpHosts), func() (bench.Result, error) {
-			return bench.Throughput(ctx, env, bench.ThroughputOptions{Jobs: s.tpJobs, Hosts: s.tpHosts, CPUProfile: cpuProfile})
+			return bench.Throughput(ctx, env, bench.ThroughputOptions{Jobs: s.tpJobs, Hosts: s.tpHosts, CPUProfile: o.cpuProfile})
 		}},
 		{"latency", fmt.Sprintf("dispatch latency at %s jobs/s for %s each (at most %d jobs) on %d hosts", s.rates, s.latWindow, s.latMaxJobs, s.latHosts), func() (bench.Result, error) {
 			return bench.DispatchLatency(ctx, env, bench.LatencyOptions{Rates: rates, Window: s.latWindow, MaxJobs: s.latMaxJobs, Hosts: s.latHosts})
@@ -169,7 +216,7 @@ func main() {
 			return bench.ReleaseLatency(ctx, env, bench.ReleaseOptions{Jobs: s.relJobs, Hosts: s.relHosts, Rate: s.relRate})
 		}},
 		{"memory", fmt.Sprintf("memory %d warm-up + %d jobs", s.memWarmup, s.memJobs), func() (bench.Result, error) {
-			return bench.Memory(ctx, env, bench.MemoryOptions{Warmup: s.memWarmup, Jobs: s.memJobs, HeapProfileDir: heapDir})
+			return bench.Memory(ctx, env, bench.MemoryOptions{Warmup: s.memWarmup, Jobs: s.memJobs, HeapProfileDir: o.heapDir})
 		}},
 		{"replay", fmt.Sprintf("replay %d lifecycles", s.replayJobs), func() (bench.Result, error) {
 			return bench.Replay(ctx, env, bench.ReplayOptions{Jobs: s.replayJobs})
@@ -179,14 +226,15 @@ func main() {
 		}},
 		{"scale", fmt.Sprintf("scale %d jobs of %s on %d hosts of %d linux + %d macos slots", s.scaleJobs, s.scaleDuration, s.scaleHosts, s.scaleLinux, s.scaleMac), func() (bench.Result, error) {
 			return bench.Scale(ctx, env, bench.ScaleOptions{Hosts: s.scaleHosts, Jobs: s.scaleJobs, Duration: s.scaleDuration,
-				LinuxSlots: s.scaleLinux, MacSlots: s.scaleMac, Probes: s.scaleProbes, CPUProfile: scaleProfile})
+				LinuxSlots: s.scaleLinux, MacSlots: s.scaleMac, Probes: s.scaleProbes, CPUProfile: o.scaleProfile})
 		}},
 	}
-	m := bench.Describe(root)
-	loadBefore := bench.LoadAvg()
-	fmt.Printf("Berth bench (%s) on %s, %s, %d cores; %s; commit %s; load average %s\n", mode, m.Uname, m.CPU, m.Cores, m.Go, m.Commit, loadBefore)
-	var results []bench.Result
-	var sizesDone []string
+}
+
+// runPhases runs the wanted phases in order. A failed phase ends the run
+// (exit 1) after printing what the earlier ones measured, and nothing is
+// written: a section with a phase missing would read as a complete run.
+func runPhases(phases []phase, want map[string]bool, out string) (results []bench.Result, sizesDone []string) {
 	for _, p := range phases {
 		if !want[p.name] {
 			continue
@@ -204,16 +252,12 @@ func main() {
 		sizesDone = append(sizesDone, p.size)
 		fmt.Printf("[%s] %s done in %s\n", time.Now().Format("15:04:05"), p.name, r.Elapsed.Round(100*time.Millisecond))
 	}
-	var profile, gobench string
-	if cpuProfile != "" && want["throughput"] {
-		profile, err = pprofTop(ctx, root, cpuProfile)
-		check(err)
-	}
-	if goBench {
-		fmt.Printf("[%s] go benchmarks (-benchtime %s)\n", time.Now().Format("15:04:05"), s.goBenchTime)
-		gobench, err = goBenchmarks(ctx, root, s.goBenchTime, s.goTimeout)
-		check(err)
-	}
+	return results, sizesDone
+}
+
+// printResults prints the table, its notes, and the Go benchmarks' result
+// lines.
+func printResults(results []bench.Result, gobench string) {
 	fmt.Println()
 	bench.PrintTable(os.Stdout, results)
 	fmt.Println()
@@ -226,20 +270,19 @@ func main() {
 			}
 		}
 	}
-	if noWrite {
-		return
+}
+
+// commandLine is the command the section records: -invoked-as when the
+// Makefile gave it, else this one as typed.
+func commandLine(asCmd string) string {
+	if asCmd != "" {
+		return asCmd
 	}
-	cmd := asCmd
-	if cmd == "" {
-		cmd = "go run ./tests/cmd/bench"
-		if len(os.Args) > 1 {
-			cmd += " " + strings.Join(os.Args[1:], " ")
-		}
+	cmd := "go run ./tests/cmd/bench"
+	if len(os.Args) > 1 {
+		cmd += " " + strings.Join(os.Args[1:], " ")
 	}
-	sec := bench.Section{When: began, Mode: mode, Machine: m, Command: cmd, Sizes: sizesDone, Results: results,
-		GoBench: gobench, Profile: profile, Duration: time.Since(began), LoadBefore: loadBefore, LoadAfter: bench.LoadAvg()}
-	check(bench.AppendMarkdown(out, sec))
-	fmt.Println("\nappended to", out)
+	return cmd
 }
 
 // merge takes the smoke sizes except where a flag was given explicitly.

@@ -77,11 +77,51 @@ func (f *framework) Boot(ctx context.Context, g Guest) error {
 	return wait(ctx, func() error { return vm.Start() })
 }
 
+// configure builds a guest's VM configuration: a macOS platform from the
+// guest's bundle, then one step per device group. Each step sets its
+// devices on cfg; the order of the framework calls is the one Boot has
+// always made.
 func (f *framework) configure(g Guest) (*vzfw.VirtualMachineConfiguration, error) {
 	boot, err := vzfw.NewMacOSBootLoader()
 	if err != nil {
 		return nil, err
 	}
+	platform, err := macPlatform(g)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := vzfw.NewVirtualMachineConfiguration(boot, f.cpus, f.memory)
+	if err != nil {
+		return nil, err
+	}
+	cfg.SetPlatformVirtualMachineConfiguration(platform)
+
+	if err := attachStorage(cfg, g.Dir); err != nil {
+		return nil, err
+	}
+	if err := attachNetwork(cfg); err != nil {
+		return nil, err
+	}
+	if err := attachSharedFolder(cfg, g.SharedDir); err != nil {
+		return nil, err
+	}
+	if err := attachConsole(cfg); err != nil {
+		return nil, err
+	}
+	if err := attachEntropy(cfg); err != nil {
+		return nil, err
+	}
+
+	if ok, err := cfg.Validate(); !ok || err != nil {
+		return nil, fmt.Errorf("invalid VM configuration: %w", err)
+	}
+	return cfg, nil
+}
+
+// macPlatform is the guest's Mac identity: the hardware model of its base
+// image, its own machine identifier (kept across boots of one clone), and
+// its auxiliary storage.
+func macPlatform(g Guest) (*vzfw.MacPlatformConfiguration, error) {
 	hw, err := vzfw.NewMacHardwareModelWithDataPath(filepath.Join(g.Dir, hardwareModel))
 	if err != nil {
 		return nil, fmt.Errorf("hardware model: %w", err)
@@ -94,90 +134,103 @@ func (f *framework) configure(g Guest) (*vzfw.VirtualMachineConfiguration, error
 	if err != nil {
 		return nil, fmt.Errorf("auxiliary storage: %w", err)
 	}
-	platform, err := vzfw.NewMacPlatformConfiguration(vzfw.WithMacHardwareModel(hw), vzfw.WithMacMachineIdentifier(id), vzfw.WithMacAuxiliaryStorage(aux))
-	if err != nil {
-		return nil, err
-	}
-	cfg, err := vzfw.NewVirtualMachineConfiguration(boot, f.cpus, f.memory)
-	if err != nil {
-		return nil, err
-	}
-	cfg.SetPlatformVirtualMachineConfiguration(platform)
+	return vzfw.NewMacPlatformConfiguration(vzfw.WithMacHardwareModel(hw), vzfw.WithMacMachineIdentifier(id), vzfw.WithMacAuxiliaryStorage(aux))
+}
 
-	disk, err := vzfw.NewDiskImageStorageDeviceAttachment(filepath.Join(g.Dir, diskImage), false)
+// attachStorage gives the guest its bundle's cloned disk image, read-write, as its
+// only block device.
+func attachStorage(cfg *vzfw.VirtualMachineConfiguration, bundle string) error {
+	disk, err := vzfw.NewDiskImageStorageDeviceAttachment(filepath.Join(bundle, diskImage), false)
 	if err != nil {
-		return nil, fmt.Errorf("disk: %w", err)
+		return fmt.Errorf("disk: %w", err)
 	}
 	block, err := vzfw.NewVirtioBlockDeviceConfiguration(disk)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	cfg.SetStorageDevicesVirtualMachineConfiguration([]vzfw.StorageDeviceConfiguration{block})
+	return nil
+}
 
+// attachNetwork gives the guest one NAT network device with a fresh random
+// MAC address, so that two clones of one image never share an address.
+func attachNetwork(cfg *vzfw.VirtualMachineConfiguration) error {
 	nat, err := vzfw.NewNATNetworkDeviceAttachment()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	nic, err := vzfw.NewVirtioNetworkDeviceConfiguration(nat)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	mac, err := vzfw.NewRandomLocallyAdministeredMACAddress()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	nic.SetMACAddress(mac)
 	cfg.SetNetworkDevicesVirtualMachineConfiguration([]*vzfw.VirtioNetworkDeviceConfiguration{nic})
+	return nil
+}
 
+// attachSharedFolder shares the guest's shared directory with it, writable, under
+// the macOS automount tag as "berth": the guest finds what it needs there
+// without mounting anything itself.
+func attachSharedFolder(cfg *vzfw.VirtualMachineConfiguration, shared string) error {
 	tag, err := vzfw.MacOSGuestAutomountTag()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	fs, err := vzfw.NewVirtioFileSystemDeviceConfiguration(tag)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	dir, err := vzfw.NewSharedDirectory(g.SharedDir, false)
+	dir, err := vzfw.NewSharedDirectory(shared, false)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	share, err := vzfw.NewMultipleDirectoryShare(map[string]*vzfw.SharedDirectory{"berth": dir})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	fs.SetDirectoryShare(share)
 	cfg.SetDirectorySharingDevicesVirtualMachineConfiguration([]vzfw.DirectorySharingDeviceConfiguration{fs})
+	return nil
+}
 
+// attachConsole gives the guest a display, a keyboard and a pointer, as a
+// macOS guest expects (and as an operator needs to look at one).
+func attachConsole(cfg *vzfw.VirtualMachineConfiguration) error {
 	gfx, err := vzfw.NewMacGraphicsDeviceConfiguration()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	display, err := vzfw.NewMacGraphicsDisplayConfiguration(1920, 1080, 80)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	gfx.SetDisplays(display)
 	cfg.SetGraphicsDevicesVirtualMachineConfiguration([]vzfw.GraphicsDeviceConfiguration{gfx})
 	kbd, err := vzfw.NewUSBKeyboardConfiguration()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	cfg.SetKeyboardsVirtualMachineConfiguration([]vzfw.KeyboardConfiguration{kbd})
 	ptr, err := vzfw.NewUSBScreenCoordinatePointingDeviceConfiguration()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	cfg.SetPointingDevicesVirtualMachineConfiguration([]vzfw.PointingDeviceConfiguration{ptr})
+	return nil
+}
+
+// attachEntropy gives the guest a virtio entropy source.
+func attachEntropy(cfg *vzfw.VirtualMachineConfiguration) error {
 	entropy, err := vzfw.NewVirtioEntropyDeviceConfiguration()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	cfg.SetEntropyDevicesVirtualMachineConfiguration([]*vzfw.VirtioEntropyDeviceConfiguration{entropy})
-
-	if ok, err := cfg.Validate(); !ok || err != nil {
-		return nil, fmt.Errorf("invalid VM configuration: %w", err)
-	}
-	return cfg, nil
+	return nil
 }
 
 // machineID reads the guest's identifier, or makes and stores a fresh one.

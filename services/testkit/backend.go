@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/berth-ci/berth/services/vmagent/backend"
@@ -34,6 +35,9 @@ const (
 	StepCreate = "create"
 	StepStop   = "stop"
 	StepAssign = "assign"
+	// StepList is counted (Count, Calls with attempt "") but takes no
+	// behaviour: SetInventory decides what List answers.
+	StepList = "list"
 )
 
 // ErrFake is what every failing fake call wraps.
@@ -53,11 +57,6 @@ type Call struct {
 // an attempt live, a successful stop ends it). Its zero value is not
 // usable: use NewBackend. Safe for concurrent use.
 type Backend struct {
-	// PhysCap is what PhysicalCap reports; Assignable what CanAssign does.
-	// Set them before the agent starts.
-	PhysCap    int
-	Assignable bool
-
 	release  chan struct{}
 	late     chan struct{}
 	once     sync.Once
@@ -70,12 +69,14 @@ type Backend struct {
 	inventory []string
 	listErr   error
 	useList   bool
+	physCap   int
+	noAssign  bool
 }
 
 // NewBackend returns a fake whose every call succeeds; hung calls return
 // at cleanup.
 func NewBackend(t interface{ Cleanup(func()) }) *Backend {
-	b := &Backend{Assignable: true, release: make(chan struct{}), late: make(chan struct{}),
+	b := &Backend{release: make(chan struct{}), late: make(chan struct{}),
 		plan: map[string]Behaviour{}, calls: map[string][]Call{}, live: map[string]bool{}}
 	t.Cleanup(b.Release)
 	return b
@@ -116,7 +117,7 @@ func (b *Backend) Count(step string) int {
 	defer b.mu.Unlock()
 	n := 0
 	for k, cs := range b.calls {
-		if len(k) > len(step) && k[:len(step)+1] == step+"/" {
+		if strings.HasPrefix(k, step+"/") {
 			n += len(cs)
 		}
 	}
@@ -138,11 +139,35 @@ func (b *Backend) Live() []string {
 // Name implements backend.Backend.
 func (b *Backend) Name() string { return "fake" }
 
+// SetPhysicalCap makes PhysicalCap report n VMs (0, the default: no
+// limit of the backend's own).
+func (b *Backend) SetPhysicalCap(n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.physCap = n
+}
+
+// SetAssign makes CanAssign report can (true by default); without it
+// Assign returns backend.ErrNoAssign.
+func (b *Backend) SetAssign(can bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.noAssign = !can
+}
+
 // PhysicalCap implements backend.Backend.
-func (b *Backend) PhysicalCap() int { return b.PhysCap }
+func (b *Backend) PhysicalCap() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.physCap
+}
 
 // CanAssign implements backend.Backend.
-func (b *Backend) CanAssign() bool { return b.Assignable }
+func (b *Backend) CanAssign() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !b.noAssign
+}
 
 // Create implements backend.Backend.
 func (b *Backend) Create(ctx context.Context, vm backend.VM) error { return b.do(StepCreate, vm) }
@@ -150,10 +175,10 @@ func (b *Backend) Create(ctx context.Context, vm backend.VM) error { return b.do
 // Stop implements backend.Backend.
 func (b *Backend) Stop(ctx context.Context, vm backend.VM) error { return b.do(StepStop, vm) }
 
-// Assign implements backend.Backend; without Assignable it returns
+// Assign implements backend.Backend; after SetAssign(false) it returns
 // backend.ErrNoAssign.
 func (b *Backend) Assign(ctx context.Context, vm backend.VM) error {
-	if !b.Assignable {
+	if !b.CanAssign() {
 		return backend.ErrNoAssign
 	}
 	return b.do(StepAssign, vm)
@@ -162,6 +187,7 @@ func (b *Backend) Assign(ctx context.Context, vm backend.VM) error {
 // List implements backend.Backend: SetInventory's answer, or the live VMs.
 func (b *Backend) List(ctx context.Context) ([]string, error) {
 	b.mu.Lock()
+	b.calls[StepList+"/"] = append(b.calls[StepList+"/"], Call{})
 	useList, inv, err := b.useList, slices.Clone(b.inventory), b.listErr
 	b.mu.Unlock()
 	if !useList {

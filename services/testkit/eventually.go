@@ -1,6 +1,7 @@
 package testkit
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -29,17 +30,31 @@ var errNotYet = errors.New("condition does not hold")
 // duration. It returns how long the wait took.
 func EventuallyErr(t testing.TB, within time.Duration, what string, cond func() error) time.Duration {
 	t.Helper()
+	return Poll(t, context.Background(), within, PollEvery, what, func(context.Context) error { return cond() })
+}
+
+// Poll is Eventually's general form, for conditions that are calls (a
+// command, an HTTP request): cond gets a context that ends when ctx does or
+// the window closes, and is tried every interval until it returns nil. The
+// test fails with what and cond's last error when the window closes (or ctx
+// ends) first. It returns how long the wait took.
+func Poll(t testing.TB, ctx context.Context, within, every time.Duration, what string, cond func(context.Context) error) time.Duration {
+	t.Helper()
 	start := time.Now()
-	deadline := start.Add(within)
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	tick := time.NewTicker(every)
+	defer tick.Stop()
 	for {
-		err := cond()
+		err := cond(ctx)
 		if err == nil {
 			return time.Since(start)
 		}
-		if time.Now().After(deadline) {
+		select {
+		case <-ctx.Done():
 			t.Fatalf("%s: not within %v: %v", what, within, err)
+		case <-tick.C:
 		}
-		time.Sleep(PollEvery)
 	}
 }
 

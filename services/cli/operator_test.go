@@ -9,6 +9,7 @@ import (
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/cli"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 )
@@ -98,21 +99,10 @@ func TestOperatorReleaseOfALeakedSlot(t *testing.T) {
 // newLog starts an embedded server with the stream, for one test.
 func newLog(t *testing.T) (context.Context, jetstream.JetStream) {
 	t.Helper()
-	srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	nc, js, err := eventlog.Connect(srv.ClientURL(), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	_, js, _ := testkit.NATS(t)
+	testkit.Stream(t, js, eventlog.StreamConfig{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
-	if _, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{}); err != nil {
-		t.Fatal(err)
-	}
 	return ctx, js
 }
 

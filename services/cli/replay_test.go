@@ -11,16 +11,14 @@ import (
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/cli"
+	"github.com/berth-ci/berth/services/clock"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// clock is a fake clock the test moves by hand.
-type clock struct{ t time.Time }
+// newClock is a fake clock the test moves by hand.
+func newClock() *clock.Fake { return clock.NewFake(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)) }
 
-func (c *clock) now() time.Time            { return c.t }
-func (c *clock) advance(d time.Duration)   { c.t = c.t.Add(d) }
-func newClock() *clock                     { return &clock{t: time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)} }
 func lines(s string) []string              { return strings.Split(strings.TrimSuffix(s, "\n"), "\n") }
 func hasAny(s string, subs ...string) bool { return strings.ContainsAny(s, strings.Join(subs, "")) }
 
@@ -30,21 +28,21 @@ func hasAny(s string, subs ...string) bool { return strings.ContainsAny(s, strin
 func TestProgressBarOnATerminalRedrawsOneLine(t *testing.T) {
 	var out bytes.Buffer
 	c := newClock()
-	bar := cli.NewProgressOn(&out, true, c.now)
+	bar := cli.NewProgressOn(&out, true, c.Now)
 	bar.Update(0, 200_000)
-	c.advance(10 * time.Millisecond)
+	c.Advance(10 * time.Millisecond)
 	bar.Update(1_000, 200_000)
 	if out.Len() != 0 {
 		t.Fatalf("drew %q within %v of the start", out.String(), cli.RedrawEvery)
 	}
-	c.advance(2 * time.Second)
+	c.Advance(2 * time.Second)
 	bar.Update(100_000, 200_000)
 	got := out.String()
 	want := "\rreplaying [==============>               ] 100,000/200,000  50%, 49,751 facts/s\x1b[K"
 	if got != want {
 		t.Errorf("drew\n %q\nwant\n %q", got, want)
 	}
-	c.advance(cli.RedrawEvery)
+	c.Advance(cli.RedrawEvery)
 	bar.Update(200_000, 200_000)
 	if !strings.Contains(out.String(), "[==============================] 200,000/200,000 100%") {
 		t.Errorf("full bar not drawn: %q", out.String())
@@ -61,10 +59,10 @@ func TestProgressBarOnATerminalRedrawsOneLine(t *testing.T) {
 func TestProgressOffATerminalPrintsPlainLines(t *testing.T) {
 	var out bytes.Buffer
 	c := newClock()
-	bar := cli.NewProgressOn(&out, false, c.now)
+	bar := cli.NewProgressOn(&out, false, c.Now)
 	for i := range 13 {
 		bar.Update(uint64(i)*1000, 12_000)
-		c.advance(time.Second)
+		c.Advance(time.Second)
 	}
 	bar.Done()
 	got := lines(out.String())
@@ -81,7 +79,7 @@ func TestProgressOffATerminalPrintsPlainLines(t *testing.T) {
 	}
 
 	out.Reset()
-	short := cli.NewProgressOn(&out, false, c.now)
+	short := cli.NewProgressOn(&out, false, c.Now)
 	short.Update(10, 10)
 	short.Done()
 	if out.Len() != 0 {

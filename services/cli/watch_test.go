@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"fmt"
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/cli"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/testkit"
 )
 
 type syncBuffer struct {
@@ -57,12 +59,12 @@ func TestWatchStatusShowsNewFactsAsTheyCome(t *testing.T) {
 	}
 	waitFor := func(what string, ok func([]events.Status) bool) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !ok(prints()); {
-			if time.Now().After(deadline) {
-				t.Fatalf("no print shows %s within 10 s; printed:\n%s", what, out.String())
+		testkit.EventuallyErr(t, 10*time.Second, "a print shows "+what, func() error {
+			if ok(prints()) {
+				return nil
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return fmt.Errorf("printed:\n%s", out.String())
+		})
 	}
 	waitFor("the host", func(ps []events.Status) bool { return len(ps) > 0 && len(ps[0].Hosts) == 1 })
 	add(events.JobQueued{JobRef: events.JobRef{Delivery: "d-1", JobID: 7, Labels: []string{"macos"}}})

@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/clock"
 	"github.com/berth-ci/berth/services/dispatch"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -172,20 +174,18 @@ func TestJITConfigCallsInFlightAreBounded(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	d.Decide(ctx) // books all 12, starts what the bound allows
-	deadline := time.Now().Add(5 * time.Second)
-	for m.inFlight.Load() < 3 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Eventually(t, 5*time.Second, "3 JIT-config calls in flight", func() bool { return m.inFlight.Load() >= 3 })
 	d.Decide(ctx) // a second round while the first calls hang
-	time.Sleep(50 * time.Millisecond)
+	// Calls the second round would start run off the loop: watch a while.
+	testkit.Consistently(t, 50*time.Millisecond, "at most 3 JIT-config calls in flight", func() bool { return m.maxSeen.Load() <= 3 })
 	if n := m.maxSeen.Load(); n != 3 {
 		t.Fatalf("%d JIT-config calls in flight at most, want 3 (the bound)", n)
 	}
 	close(m.release)
-	for time.Now().Before(deadline) && m.minted.Load() < 12 {
-		d.Decide(ctx) // later rounds mint the rest
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.Eventually(t, 5*time.Second, "later rounds mint all 12", func() bool {
+		d.Decide(ctx)
+		return m.minted.Load() >= 12
+	})
 	if n := m.minted.Load(); n != 12 {
 		t.Errorf("%d of 12 bookings minted after the calls returned", n)
 	}
@@ -203,12 +203,11 @@ func TestJITConfigCallsInFlightAreBounded(t *testing.T) {
 func TestAMintWhosePlacementWaitsIsNeverMintedTwice(t *testing.T) {
 	in := newIntake(t)
 	m := &mintRecorder{names: make(chan string, 4)}
-	var clock atomic.Pointer[time.Time]
 	t0 := time.Now()
-	clock.Store(&t0)
+	clk := clock.NewFake(t0)
 	// The loop never runs: what the mint posts to it waits forever.
 	d, err := dispatch.New(&eventlog.Loop{JS: in.js}, &eventlog.Appender{JS: in.js, Source: "test"}, m,
-		dispatch.Options{Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return *clock.Load() }},
+		dispatch.Options{Logger: slog.New(slog.DiscardHandler), Now: clk.Now},
 		dispatch.NewMetrics(prometheus.NewRegistry()))
 	if err != nil {
 		t.Fatal(err)
@@ -235,17 +234,16 @@ func TestAMintWhosePlacementWaitsIsNeverMintedTwice(t *testing.T) {
 	placements := func() uint64 {
 		return in.stream(t, events.AttemptSubject("h-a", attempt(1, 1))).State.Subjects[events.AttemptSubject("h-a", attempt(1, 1))]
 	}
-	for deadline := time.Now().Add(5 * time.Second); placements() == 0 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		later := clock.Load().Add(3 * time.Second) // past the 10 s in-flight mark within a few rounds
-		clock.Store(&later)
+	testkit.Eventually(t, 5*time.Second, "the minted placement stored by a later round", func() bool {
+		if placements() > 0 {
+			return true
+		}
+		clk.Advance(3 * time.Second) // past the 10 s in-flight mark within a few rounds
 		d.Decide(ctx)
-	}
-	if placements() == 0 {
-		t.Fatal("the minted placement was not stored by a later round")
-	}
+		return false
+	})
 	for range 5 {
-		later := clock.Load().Add(11 * time.Second)
-		clock.Store(&later)
+		clk.Advance(11 * time.Second)
 		d.Decide(ctx)
 	}
 	select {

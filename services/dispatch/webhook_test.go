@@ -20,6 +20,8 @@ import (
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/dispatch"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/natsembed"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -76,21 +78,9 @@ type intake struct {
 // newIntake serves the handler over a real embedded JetStream.
 func newIntake(t testing.TB) *intake {
 	t.Helper()
-	srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	nc, js, err := eventlog.Connect(srv.ClientURL(), "webhook-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{}); err != nil {
-		t.Fatal(err)
-	}
+	srv := testkit.Server(t, natsembed.EmbeddedConfig{})
+	_, js := testkit.Connect(t, srv.ClientURL())
+	testkit.Stream(t, js, eventlog.StreamConfig{})
 	return &intake{srv: srv, js: js, h: &dispatch.Intake{
 		Secret:  secret,
 		Log:     &eventlog.Appender{JS: js, Source: "berth/dispatcher/test", Timeout: time.Second},

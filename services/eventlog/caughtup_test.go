@@ -9,6 +9,7 @@ import (
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/testkit"
 )
 
 // decideRecorder records how many facts the fold held at each Decide.
@@ -57,8 +58,8 @@ func TestDecideWaitsForEveryFactTheLogHeldAtStart(t *testing.T) {
 	lctx, lcancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- loop.Run(lctx, r) }()
-	waitFor(t, "the loop caught up", loop.CaughtUp)
-	waitFor(t, "a Decide after catching up", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.seen) > 0 })
+	testkit.Eventually(t, waitLimit, "the loop caught up", loop.CaughtUp)
+	testkit.Eventually(t, waitLimit, "a Decide after catching up", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.seen) > 0 })
 	lcancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -103,7 +104,7 @@ func TestALoopWithAGapDecidesOnABurstTogether(t *testing.T) {
 	l := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: time.Hour, Gap: gap,
 		Consumer: &eventlog.Consumer{Name: "test-gap", AckWait: 5 * time.Second}}
 	runLoop(t, l, r)
-	eventually(t, "the loop caught up and decided once", func() bool { return l.CaughtUp() && len(r.decides()) > 0 })
+	testkit.Eventually(t, waitLimit, "the loop caught up and decided once", func() bool { return l.CaughtUp() && len(r.decides()) > 0 })
 	before := len(r.decides())
 	began := time.Now()
 	var last uint64
@@ -111,7 +112,7 @@ func TestALoopWithAGapDecidesOnABurstTogether(t *testing.T) {
 		last = appendQueued(t, app, fmt.Sprintf("gap-%d", i), int64(i+1))
 	}
 	took := time.Since(began)
-	eventually(t, "a Decide that saw the whole burst", func() bool {
+	testkit.Eventually(t, waitLimit, "a Decide that saw the whole burst", func() bool {
 		d := r.decides()
 		return d[len(d)-1] == burst
 	})
@@ -119,7 +120,7 @@ func TestALoopWithAGapDecidesOnABurstTogether(t *testing.T) {
 	if limit := 2 + int(took/gap); n > limit {
 		t.Errorf("%d Decides for a burst of %d facts over %v, want at most %d (one per %v gap)", n, burst, took.Round(time.Millisecond), limit, gap)
 	}
-	eventually(t, "every fact acked", func() bool {
+	testkit.Eventually(t, waitLimit, "every fact acked", func() bool {
 		info := consumerInfo(t, js, "test-gap")
 		return info.AckFloor.Stream >= last && info.NumAckPending == 0
 	})
@@ -145,7 +146,7 @@ func TestPostedCallsQueuedTogetherAreDecidedOnOnce(t *testing.T) {
 		}
 	}()
 	decides := func() int { r.mu.Lock(); defer r.mu.Unlock(); return len(r.seen) }
-	waitFor(t, "the first Decide on an empty log", func() bool { return decides() == 1 })
+	testkit.Eventually(t, waitLimit, "the first Decide on an empty log", func() bool { return decides() == 1 })
 
 	const posted = 100
 	release := make(chan struct{})
@@ -163,7 +164,7 @@ func TestPostedCallsQueuedTogetherAreDecidedOnOnce(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the posted calls did not all run")
 	}
-	waitFor(t, "a Decide after the posted calls", func() bool { return decides() >= 2 })
+	testkit.Eventually(t, waitLimit, "a Decide after the posted calls", func() bool { return decides() >= 2 })
 	if n := decides() - 1; n != 1 {
 		t.Fatalf("%d posted calls queued together were followed by %d Decides, want 1", posted+1, n)
 	}

@@ -4,64 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/url"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/eventlog"
-	"github.com/nats-io/nats-server/v2/server"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/nats-io/nats.go/jetstream"
 )
-
-// cluster starts the three nodes of deploy/nats/cluster on loopback: each
-// node's file is parsed as shipped, then its ports, routes and store are
-// moved to free local ones.
-func cluster(t *testing.T) ([]*server.Server, string) {
-	t.Helper()
-	free := func() int {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		return ln.Addr().(*net.TCPAddr).Port
-	}
-	routePorts := []int{free(), free(), free()}
-	var routes []*url.URL
-	for _, p := range routePorts {
-		routes = append(routes, &url.URL{Scheme: "nats", Host: fmt.Sprintf("127.0.0.1:%d", p)})
-	}
-	var servers []*server.Server
-	var urls []string
-	for i := range 3 {
-		opts, err := server.ProcessConfigFile(filepath.Join("..", "..", "deploy", "nats", "cluster", fmt.Sprintf("nats-%d.conf", i+1)))
-		if err != nil {
-			t.Fatalf("deploy/nats/cluster/nats-%d.conf: %v", i+1, err)
-		}
-		if opts.Cluster.Name != "berth" || !opts.JetStream || len(opts.Routes) != 3 {
-			t.Fatalf("nats-%d.conf: cluster %q, jetstream %v, %d routes", i+1, opts.Cluster.Name, opts.JetStream, len(opts.Routes))
-		}
-		opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", free(), 0
-		opts.Cluster.Host, opts.Cluster.Port, opts.Routes = "127.0.0.1", routePorts[i], routes
-		opts.StoreDir, opts.NoLog, opts.NoSigs = t.TempDir(), true, true
-		s, err := server.NewServer(opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		go s.Start()
-		if !s.ReadyForConnections(10 * time.Second) {
-			t.Fatalf("node %d not ready", i+1)
-		}
-		t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-		servers = append(servers, s)
-		urls = append(urls, s.ClientURL())
-	}
-	return servers, strings.Join(urls, ",")
-}
 
 // Given a 3-node cluster and an R3 stream, when the stream's leader is
 // killed while facts are being appended (each retried with the same id
@@ -72,7 +22,7 @@ func TestKillingTheStreamLeaderLosesAndDoublesNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a 3-node cluster takes a few seconds")
 	}
-	servers, urls := cluster(t)
+	servers, urls := testkit.Cluster(t, 3)
 	nc, js, err := eventlog.Connect(urls, t.Name())
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +45,7 @@ func TestKillingTheStreamLeaderLosesAndDoublesNothing(t *testing.T) {
 			if ctx.Err() != nil || errors.Is(err, eventlog.ErrConflict) {
 				t.Fatalf("fact %d not stored: %v", i, err)
 			}
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // the writer's retry pause, as in production: part of what is measured
 		}
 		if !killedAt.IsZero() && resumed == 0 {
 			resumed = time.Since(killedAt)
@@ -133,22 +83,16 @@ func TestKillingTheStreamLeaderLosesAndDoublesNothing(t *testing.T) {
 	t.Logf("leader killed after %d facts; appends resumed after %v", total/3, resumed.Round(time.Millisecond))
 }
 
-// ensureR3 creates the R3 stream once the cluster has elected its meta
-// leader.
+// ensureR3 creates the R3 stream, retrying while the cluster moves its
+// meta leader.
 func ensureR3(ctx context.Context, t *testing.T, js jetstream.JetStream) {
 	t.Helper()
-	for {
+	testkit.EventuallyErr(t, 30*time.Second, "R3 stream created", func() error {
 		actx, acancel := context.WithTimeout(ctx, 3*time.Second)
+		defer acancel()
 		_, err := eventlog.EnsureStream(actx, js, eventlog.StreamConfig{Replicas: 3})
-		acancel()
-		if err == nil {
-			return
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("R3 stream never created: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond) // the cluster is electing its meta leader
-	}
+		return err
+	})
 }
 
 // Given a clustered stream holding one replica's booking of an attempt,
@@ -165,7 +109,7 @@ func TestAClusteredDuplicateBookingAnswersDuplicateNotConflict(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a 3-node cluster takes a few seconds")
 	}
-	_, urls := cluster(t)
+	_, urls := testkit.Cluster(t, 3)
 	nc, js, err := eventlog.Connect(urls, t.Name())
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,8 @@ import (
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/natsembed"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -84,18 +86,6 @@ func runLoop(t *testing.T, l *eventlog.Loop, r eventlog.Reactor) {
 	})
 }
 
-// eventually polls cond every 20 ms until it holds or waitLimit passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, waitLimit)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func appendQueued(t *testing.T, app *eventlog.Appender, delivery string, job int64) uint64 {
 	t.Helper()
 	seq, _, err := app.Append(ctxFor(t), app.New(t0, queued(delivery, job)), nil)
@@ -130,23 +120,24 @@ func TestDurableLoopAcksOnlyAfterTheReactionReturns(t *testing.T) {
 		Consumer: &eventlog.Consumer{Name: "test-acks", AckWait: 300 * time.Millisecond}}
 	runLoop(t, l, r)
 	t.Cleanup(release) // runs before the loop's cleanup, which waits for Decide
-	eventually(t, "consumer created", func() bool {
+	testkit.Eventually(t, waitLimit, "consumer created", func() bool {
 		_, err := js.Consumer(ctxFor(t), events.StreamName, "test-acks")
 		return err == nil
 	})
 
 	// When facts arrive and the reaction to them takes longer than AckWait
 	seq := appendQueued(t, app, "d-1", 1)
-	eventually(t, "fact folded", func() bool { return r.has(seq) })
-	time.Sleep(time.Second) // > 3 AckWaits: without in-progress acks it would be redelivered
+	testkit.Eventually(t, waitLimit, "fact folded", func() bool { return r.has(seq) })
 
-	// Then nothing is acked while the reaction runs, and nothing redelivered
-	if info := consumerInfo(t, js, "test-acks"); info.AckFloor.Stream >= seq || info.NumRedelivered != 0 {
-		t.Fatalf("during the reaction: ack floor %d (want < %d), redelivered %d (want 0)", info.AckFloor.Stream, seq, info.NumRedelivered)
-	}
+	// Then nothing is acked while the reaction runs, and nothing redelivered,
+	// for over 3 AckWaits (without in-progress acks it would be redelivered)
+	testkit.Consistently(t, time.Second, "nothing acked or redelivered while the reaction runs", func() bool {
+		info := consumerInfo(t, js, "test-acks")
+		return info.AckFloor.Stream < seq && info.NumRedelivered == 0
+	})
 	// And once it returns the ack floor reaches the fact
 	release()
-	eventually(t, "ack floor reaches the fact", func() bool { return consumerInfo(t, js, "test-acks").AckFloor.Stream >= seq })
+	testkit.Eventually(t, waitLimit, "ack floor reaches the fact", func() bool { return consumerInfo(t, js, "test-acks").AckFloor.Stream >= seq })
 	if st := l.Stats(); st.Redelivered != 0 {
 		t.Fatalf("redelivered %d, want 0", st.Redelivered)
 	}
@@ -166,9 +157,9 @@ func TestPoisonFactIsParkedAndCountedAndTheRestFlows(t *testing.T) {
 	after := appendQueued(t, app, "good-2", 3)
 
 	// Then the facts around it are folded at once (it does not stall them)
-	eventually(t, "facts around the poison folded", func() bool { return r.has(before) && r.has(after) })
+	testkit.Eventually(t, waitLimit, "facts around the poison folded", func() bool { return r.has(before) && r.has(after) })
 	// And after MaxDeliver deliveries it is parked, counted and skipped
-	eventually(t, "poison parked", func() bool { return l.Stats().Parked == 1 })
+	testkit.Eventually(t, waitLimit, "poison parked", func() bool { return l.Stats().Parked == 1 })
 	if st := l.Stats(); st.Panics != 3 {
 		t.Fatalf("panics %d, want one per delivery (3)", st.Panics)
 	}
@@ -176,7 +167,7 @@ func TestPoisonFactIsParkedAndCountedAndTheRestFlows(t *testing.T) {
 		t.Fatalf("the fold was told %v for the poison fact, want ErrPoison", err)
 	}
 	var rec eventlog.Parked
-	eventually(t, "parking record stored", func() bool {
+	testkit.Eventually(t, waitLimit, "parking record stored", func() bool {
 		kv, err := js.KeyValue(ctxFor(t), events.BucketParked)
 		if err != nil {
 			return false
@@ -189,8 +180,8 @@ func TestPoisonFactIsParkedAndCountedAndTheRestFlows(t *testing.T) {
 	}
 	// And the loop goes on folding new facts
 	later := appendQueued(t, app, "good-3", 4)
-	eventually(t, "later fact folded", func() bool { return r.has(later) })
-	eventually(t, "ack floor past the poison", func() bool { return consumerInfo(t, js, "test-poison").AckFloor.Stream >= later })
+	testkit.Eventually(t, waitLimit, "later fact folded", func() bool { return r.has(later) })
+	testkit.Eventually(t, waitLimit, "ack floor past the poison", func() bool { return consumerInfo(t, js, "test-poison").AckFloor.Stream >= later })
 }
 
 func TestLostConsumerIsRecreatedWithoutLosingFacts(t *testing.T) {
@@ -201,7 +192,7 @@ func TestLostConsumerIsRecreatedWithoutLosingFacts(t *testing.T) {
 		Consumer: &eventlog.Consumer{Name: "test-lost", StallAfter: 300 * time.Millisecond}}
 	runLoop(t, l, r)
 	first := appendQueued(t, app, "d-1", 1)
-	eventually(t, "first fact folded", func() bool { return r.has(first) })
+	testkit.Eventually(t, waitLimit, "first fact folded", func() bool { return r.has(first) })
 
 	// When the server loses the consumer and facts go on arriving
 	if err := js.DeleteConsumer(ctxFor(t), events.StreamName, "test-lost"); err != nil {
@@ -213,7 +204,7 @@ func TestLostConsumerIsRecreatedWithoutLosingFacts(t *testing.T) {
 	}
 
 	// Then the loop recreates it and folds every one of them
-	eventually(t, "facts after the loss folded", func() bool {
+	testkit.Eventually(t, waitLimit, "facts after the loss folded", func() bool {
 		for _, s := range seqs {
 			if !r.has(s) {
 				return false
@@ -229,40 +220,27 @@ func TestLostConsumerIsRecreatedWithoutLosingFacts(t *testing.T) {
 func TestDurableLoopGoesOnAfterTheServerRestarts(t *testing.T) {
 	// Given a loop on a durable consumer against a server with a store
 	dir := t.TempDir()
-	srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	url, addr := srv.ClientURL(), srv.Addr().String()
-	nc, js, err := eventlog.Connect(url, t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	if _, err := eventlog.EnsureStream(ctxFor(t), js, eventlog.StreamConfig{}); err != nil {
-		t.Fatal(err)
-	}
+	srv := testkit.Server(t, natsembed.EmbeddedConfig{StoreDir: dir})
+	addr := srv.Addr().String()
+	nc, js := testkit.Connect(t, srv.ClientURL())
+	testkit.Stream(t, js, eventlog.StreamConfig{})
 	app := &eventlog.Appender{JS: js, Source: "berth/test"}
 	r := newDurableReactor()
 	l := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 100 * time.Millisecond,
 		Consumer: &eventlog.Consumer{Name: "test-restart", StallAfter: 500 * time.Millisecond}}
 	runLoop(t, l, r)
 	first := appendQueued(t, app, "d-1", 1)
-	eventually(t, "first fact folded", func() bool { return r.has(first) })
+	testkit.Eventually(t, waitLimit, "first fact folded", func() bool { return r.has(first) })
 
 	// When the server restarts on the same port and store
 	srv.Shutdown()
 	srv.WaitForShutdown()
-	srv, err = eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: addr, StoreDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	eventually(t, "client reconnected", nc.IsConnected)
+	testkit.Server(t, natsembed.EmbeddedConfig{Listen: addr, StoreDir: dir})
+	testkit.Eventually(t, waitLimit, "client reconnected", nc.IsConnected)
 	second := appendQueued(t, app, "d-2", 2)
 
 	// Then the loop folds what comes after the restart
-	eventually(t, "fact after the restart folded", func() bool { return r.has(second) })
+	testkit.Eventually(t, waitLimit, "fact after the restart folded", func() bool { return r.has(second) })
 }
 
 func TestLoopStartingOnATruncatedLogSaysSo(t *testing.T) {
@@ -282,7 +260,7 @@ func TestLoopStartingOnATruncatedLogSaysSo(t *testing.T) {
 	runLoop(t, l, r)
 
 	// Then it folds what is left and says what was lost and what to do
-	eventually(t, "the facts left folded", func() bool { return r.has(4) && r.has(6) })
+	testkit.Eventually(t, waitLimit, "the facts left folded", func() bool { return r.has(4) && r.has(6) })
 	if msg := l.Truncated(); !strings.Contains(msg, "expired") || !strings.Contains(msg, "restart the vmagents") {
 		t.Fatalf("Truncated() = %q, want what expired and what to do", msg)
 	}
@@ -301,7 +279,7 @@ func TestStuckReportsFactsTheServerHoldsButDoesNotDeliver(t *testing.T) {
 	runLoop(t, l, r)
 	t.Cleanup(release)
 	first := appendQueued(t, app, "d-1", 1)
-	eventually(t, "first fact folded", func() bool { return r.has(first) })
+	testkit.Eventually(t, waitLimit, "first fact folded", func() bool { return r.has(first) })
 	if stuck, _ := l.Stuck(ctxFor(t), 200*time.Millisecond); stuck {
 		t.Fatal("stuck with nothing pending")
 	}
@@ -311,13 +289,13 @@ func TestStuckReportsFactsTheServerHoldsButDoesNotDeliver(t *testing.T) {
 	appendQueued(t, app, "d-3", 3)
 
 	// Then Stuck says so, with their number
-	eventually(t, "stuck reported", func() bool {
+	testkit.Eventually(t, waitLimit, "stuck reported", func() bool {
 		stuck, n := l.Stuck(ctxFor(t), 200*time.Millisecond)
 		return stuck && n == 2
 	})
 	// And once the reaction returns they flow and it is not stuck
 	release()
-	eventually(t, "not stuck", func() bool {
+	testkit.Eventually(t, waitLimit, "not stuck", func() bool {
 		stuck, _ := l.Stuck(ctxFor(t), 200*time.Millisecond)
 		return !stuck && r.has(first+2)
 	})

@@ -9,6 +9,8 @@ import (
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/natsembed"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
@@ -21,27 +23,16 @@ const waitLimit = 10 * time.Second
 
 // start runs an embedded server with the Berth stream and returns a client.
 func start(t *testing.T) (*nats.Conn, jetstream.JetStream, *eventlog.Appender) {
-	return startServer(t, eventlog.EmbeddedConfig{}, eventlog.StreamConfig{})
+	return startServer(t, natsembed.EmbeddedConfig{}, eventlog.StreamConfig{})
 }
 
 // startServer runs an embedded server configured by srvCfg (its listen
 // address and store are the test's own) with the Berth stream per cfg.
-func startServer(t *testing.T, srvCfg eventlog.EmbeddedConfig, cfg eventlog.StreamConfig) (*nats.Conn, jetstream.JetStream, *eventlog.Appender) {
+func startServer(t *testing.T, srvCfg natsembed.EmbeddedConfig, cfg eventlog.StreamConfig) (*nats.Conn, jetstream.JetStream, *eventlog.Appender) {
 	t.Helper()
-	srvCfg.Listen, srvCfg.StoreDir = "127.0.0.1:0", t.TempDir()
-	srv, err := eventlog.StartEmbedded(srvCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	nc, js, err := eventlog.Connect(srv.ClientURL(), t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	if _, err := eventlog.EnsureStream(ctxFor(t), js, cfg); err != nil {
-		t.Fatal(err)
-	}
+	srv := testkit.Server(t, srvCfg)
+	nc, js := testkit.Connect(t, srv.ClientURL())
+	testkit.Stream(t, js, cfg)
 	return nc, js, &eventlog.Appender{JS: js, Source: "berth/test"}
 }
 
@@ -242,12 +233,7 @@ func TestReplayEndingInAMalformedMessageReturns(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Poll until the raw publish is stored (it has no acknowledgement).
-	for last, _ := eventlog.LastSeq(ctx, js); last != 2; last, _ = eventlog.LastSeq(ctx, js) {
-		if ctx.Err() != nil {
-			t.Fatal("raw publish never stored")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Eventually(t, waitLimit, "raw publish stored", func() bool { last, _ := eventlog.LastSeq(ctx, js); return last == 2 })
 	f, err := eventlog.Replay(ctx, js, nil)
 	if err != nil || len(f.Jobs) != 1 || f.Skipped != 1 {
 		t.Fatalf("replay: %d jobs, %d skipped, %v; want 1 job, 1 skipped, no error", len(f.Jobs), f.Skipped, err)

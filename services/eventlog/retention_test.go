@@ -10,13 +10,15 @@ import (
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/natsembed"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // startWith runs an embedded server with the Berth stream ensured to cfg.
 func startWith(t *testing.T, cfg eventlog.StreamConfig) (jetstream.JetStream, *eventlog.Appender) {
 	t.Helper()
-	_, js, app := startServer(t, eventlog.EmbeddedConfig{}, cfg)
+	_, js, app := startServer(t, natsembed.EmbeddedConfig{}, cfg)
 	return js, app
 }
 
@@ -27,16 +29,6 @@ func streamState(t *testing.T, js jetstream.JetStream) jetstream.StreamState {
 		t.Fatal(err)
 	}
 	return s.CachedInfo().State
-}
-
-// waitFor polls cond until it holds, failing the test after waitLimit.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(waitLimit); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, waitLimit)
-		}
-	}
 }
 
 // history appends facts and keeps every one, decoded as a follower sees it,
@@ -172,7 +164,7 @@ func startService(t *testing.T, js jetstream.JetStream, key string) *service {
 
 func (s *service) waitApplied(t *testing.T, seq uint64) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("service folds up to seq %d", seq), func() bool {
+	testkit.Eventually(t, waitLimit, fmt.Sprintf("service folds up to seq %d", seq), func() bool {
 		_, _, last, _ := s.r.state()
 		return last >= seq
 	})
@@ -180,7 +172,7 @@ func (s *service) waitApplied(t *testing.T, seq uint64) {
 
 func waitSnapshot(t *testing.T, js jetstream.JetStream, key string, seq uint64) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("snapshot %q covers seq %d", key, seq), func() bool {
+	testkit.Eventually(t, waitLimit, fmt.Sprintf("snapshot %q covers seq %d", key, seq), func() bool {
 		kv, err := js.KeyValue(ctxFor(t), events.BucketSnapshots)
 		if err != nil {
 			return false
@@ -256,7 +248,7 @@ func TestRestartAfterOldFactsExpiredComesBackThroughTheSnapshot(t *testing.T) {
 	// Following the head before the history is written: the history
 	// overruns the stream's cap, and a fold that starts late would only
 	// ever see the newest 25 facts.
-	waitFor(t, "first service caught up with the empty log", first.loop.CaughtUp)
+	testkit.Eventually(t, waitLimit, "first service caught up with the empty log", first.loop.CaughtUp)
 	h.host("host-a")
 	for i := range 14 {
 		h.job("host-a", i%3 != 0)
@@ -275,7 +267,7 @@ func TestRestartAfterOldFactsExpiredComesBackThroughTheSnapshot(t *testing.T) {
 
 	// When it restarts with nothing new, then it has the fold it had.
 	second := startService(t, js, "test")
-	waitFor(t, "restarted service caught up", second.loop.CaughtUp)
+	testkit.Eventually(t, waitLimit, "restarted service caught up", second.loop.CaughtUp)
 	if got := second.r.bytes(t); !bytes.Equal(got, had) {
 		t.Errorf("after restart:\n got %s\nwant %s", got, had)
 	}
@@ -325,7 +317,7 @@ func TestRestartAfterFactsAgedOutComesBackThroughTheSnapshot(t *testing.T) {
 	aged := h.kept[len(h.kept)-1].Seq
 	first.waitApplied(t, aged)
 	waitSnapshot(t, js, "test", aged)
-	waitFor(t, "the first facts age out", func() bool { return streamState(t, js).FirstSeq > aged })
+	testkit.Eventually(t, waitLimit, "the first facts age out", func() bool { return streamState(t, js).FirstSeq > aged })
 	for range 3 {
 		h.job("host-a", false)
 	}
@@ -333,7 +325,7 @@ func TestRestartAfterFactsAgedOutComesBackThroughTheSnapshot(t *testing.T) {
 	first.stop()
 
 	second := startService(t, js, "test")
-	waitFor(t, "restarted service caught up", second.loop.CaughtUp)
+	testkit.Eventually(t, waitLimit, "restarted service caught up", second.loop.CaughtUp)
 	second.waitApplied(t, h.kept[len(h.kept)-1].Seq)
 	if got, want := second.r.bytes(t), h.fold(); !bytes.Equal(got, want) {
 		t.Errorf("after restart:\n got %s\nwant %s", got, want)

@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"fmt"
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/testkit"
 )
 
 // foldReactor is a Snapshotter over the real fleet fold.
@@ -71,18 +73,21 @@ func TestRestartFromSnapshotFoldsOnlyTheTail(t *testing.T) {
 	run1, stop1 := context.WithCancel(ctx)
 	done1 := make(chan error, 1)
 	go func() { done1 <- l1.Run(run1, first) }()
-	for deadline := time.Now().Add(waitLimit); ; time.Sleep(10 * time.Millisecond) {
-		if kv, err := js.KeyValue(ctx, events.BucketSnapshots); err != nil {
-			// the loop has not made the bucket yet
-		} else if b, err := eventlog.GetSnapshot(ctx, kv, "test"); err == nil {
-			if f, err := events.UnmarshalSnapshot(b); err == nil && f.LastSeq == 50 {
-				break
-			}
+	testkit.EventuallyErr(t, waitLimit, "a snapshot covering seq 50 saved", func() error {
+		kv, err := js.KeyValue(ctx, events.BucketSnapshots)
+		if err != nil {
+			return err // the loop has not made the bucket yet
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no snapshot covering seq 50 was saved")
+		b, err := eventlog.GetSnapshot(ctx, kv, "test")
+		if err != nil {
+			return err
 		}
-	}
+		f, err := events.UnmarshalSnapshot(b)
+		if err == nil && f.LastSeq != 50 {
+			err = fmt.Errorf("snapshot at seq %d", f.LastSeq)
+		}
+		return err
+	})
 	stop1()
 	if err := <-done1; err != nil {
 		t.Fatal(err)
@@ -95,14 +100,7 @@ func TestRestartFromSnapshotFoldsOnlyTheTail(t *testing.T) {
 	done2 := make(chan error, 1)
 	go func() { done2 <- l2.Run(run2, second) }()
 	defer func() { stop2(); <-done2 }()
-	for deadline := time.Now().Add(waitLimit); ; time.Sleep(10 * time.Millisecond) {
-		if _, _, last, _ := second.state(); last == 60 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("restarted loop did not reach seq 60")
-		}
-	}
+	testkit.Eventually(t, waitLimit, "the restarted loop reaches seq 60", func() bool { _, _, last, _ := second.state(); return last == 60 })
 	applied, restored, _, got := second.state()
 	if restored != 50 || applied != 10 {
 		t.Errorf("restored from seq %d and applied %d facts; want 50 and the 10-fact tail", restored, applied)

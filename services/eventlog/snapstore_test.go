@@ -12,6 +12,8 @@ import (
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/natsembed"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -19,7 +21,7 @@ import (
 // maxPayload bytes, with the Berth stream and the snapshot bucket.
 func startSmall(t *testing.T, maxPayload int32) (jetstream.JetStream, jetstream.KeyValue, *eventlog.Appender) {
 	t.Helper()
-	_, js, app := startServer(t, eventlog.EmbeddedConfig{MaxPayload: maxPayload}, eventlog.StreamConfig{})
+	_, js, app := startServer(t, natsembed.EmbeddedConfig{MaxPayload: maxPayload}, eventlog.StreamConfig{})
 	kv, err := js.CreateOrUpdateKeyValue(ctxFor(t), jetstream.KeyValueConfig{Bucket: events.BucketSnapshots, History: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +112,7 @@ func TestAFoldLargerThanAMessageRestartsFromItsSnapshot(t *testing.T) {
 	l1 := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 20 * time.Millisecond,
 		SnapshotKey: "test", SnapshotEvery: 20 * time.Millisecond}
 	stop1 := runStoppable(t, l1, first)
-	waitFor(t, "a snapshot covering every job", func() bool {
+	testkit.Eventually(t, waitLimit, "a snapshot covering every job", func() bool {
 		b, err := eventlog.GetSnapshot(ctx, kv, "test")
 		if err != nil {
 			return false
@@ -124,7 +126,7 @@ func TestAFoldLargerThanAMessageRestartsFromItsSnapshot(t *testing.T) {
 	}
 	second := &foldReactor{fleet: events.NewFleet()}
 	runLoop(t, &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 20 * time.Millisecond, SnapshotKey: "test"}, second)
-	waitFor(t, "the restarted fold holds every job", func() bool {
+	testkit.Eventually(t, waitLimit, "the restarted fold holds every job", func() bool {
 		second.mu.Lock()
 		defer second.mu.Unlock()
 		return len(second.fleet.Jobs) == jobs

@@ -24,6 +24,7 @@ import (
 	"github.com/berth-ci/berth/services/dispatch"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/httpx"
+	"github.com/berth-ci/berth/services/natsembed"
 	"github.com/berth-ci/berth/services/vmagent"
 	"github.com/berth-ci/berth/services/vmagent/backend"
 	"github.com/berth-ci/berth/services/watchdog"
@@ -93,7 +94,7 @@ func Dev(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*System,
 	s := NewSystem()
 	s.NATSURL = cfg.NATS.URL
 	if s.NATSURL == "" {
-		srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: cfg.NATS.Listen,
+		srv, err := natsembed.StartEmbedded(natsembed.EmbeddedConfig{Listen: cfg.NATS.Listen,
 			StoreDir: filepath.Join(cfg.DataDir, "nats")})
 		if err != nil {
 			return nil, err

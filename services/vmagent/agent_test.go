@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/vmagent"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 )
 
@@ -31,23 +33,23 @@ func TestPlacementStartsARunnerWithTheOpenedJITConfig(t *testing.T) {
 		t.Errorf("provisioning at seq %d, runner started at %d: provisioning must come first", prov.Seq, started.Seq)
 	}
 	// And the backend got the opened JIT config, 0600, in a dir of the attempt's own.
-	calls := h.be.callsTo("create", "berth-101-1")
+	calls := h.be.Calls("create", "berth-101-1")
 	if len(calls) != 1 {
 		t.Fatalf("create called %d times, want 1", len(calls))
 	}
 	c := calls[0]
-	if c.jitErr != nil || !bytes.Equal(c.jit, jit) {
-		t.Errorf("JIT config file held %q (%v), want the sealed plaintext %q", c.jit, c.jitErr, jit)
+	if c.JITErr != nil || !bytes.Equal(c.JIT, jit) {
+		t.Errorf("JIT config file held %q (%v), want the sealed plaintext %q", c.JIT, c.JITErr, jit)
 	}
-	if c.jitMode != 0o600 {
-		t.Errorf("JIT config file mode %v, want 0600", c.jitMode)
+	if c.JITMode != 0o600 {
+		t.Errorf("JIT config file mode %v, want 0600", c.JITMode)
 	}
-	if filepath.Base(c.vm.WorkDir) != "berth-101-1" || filepath.Dir(c.vm.JITConfigFile) != c.vm.WorkDir {
-		t.Errorf("work dir %q, JIT file %q: want both named after the attempt (law 4)", c.vm.WorkDir, c.vm.JITConfigFile)
+	if filepath.Base(c.VM.WorkDir) != "berth-101-1" || filepath.Dir(c.VM.JITConfigFile) != c.VM.WorkDir {
+		t.Errorf("work dir %q, JIT file %q: want both named after the attempt (law 4)", c.VM.WorkDir, c.VM.JITConfigFile)
 	}
-	if c.vm.Attempt != "berth-101-1" || c.vm.Pool != "linux" || c.vm.Host != h.host || c.vm.JobID != 101 ||
-		!slices.Equal(c.vm.Labels, []string{"self-hosted", "linux"}) {
-		t.Errorf("backend saw VM %+v", c.vm)
+	if c.VM.Attempt != "berth-101-1" || c.VM.Pool != "linux" || c.VM.Host != h.host || c.VM.JobID != 101 ||
+		!slices.Equal(c.VM.Labels, []string{"self-hosted", "linux"}) {
+		t.Errorf("backend saw VM %+v", c.VM)
 	}
 }
 
@@ -64,7 +66,7 @@ func TestJITSealedToAnotherKeyFailsWithoutCreating(t *testing.T) {
 	if f.Step != "open_jit" {
 		t.Errorf("failed step %q, want open_jit", f.Step)
 	}
-	if n := len(h.be.callsTo("create", "berth-102-1")); n != 0 {
+	if n := len(h.be.Calls("create", "berth-102-1")); n != 0 {
 		t.Errorf("create called %d times for a JIT the agent could not open", n)
 	}
 }
@@ -72,7 +74,7 @@ func TestJITSealedToAnotherKeyFailsWithoutCreating(t *testing.T) {
 func TestCreateFailureIsRecordedAsFailedStepCreate(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, nil)
-	h.be.set("create", "berth-103-1", fail)
+	h.be.SetBehaviour("create", "berth-103-1", testkit.Fail)
 	h.place(t, h.host, "berth-103-1", 103, []byte("jit"))
 
 	f := h.wait(t, "berth-103-1", events.TypeAttemptFailed).Data.(*events.AttemptFailed)
@@ -90,7 +92,7 @@ func TestWedgedCreateIsAbandonedWhileAnotherPlacementProceeds(t *testing.T) {
 	// serve another placement meanwhile.
 	const timeout = time.Second
 	h := newHarness(t, func(o *vmagent.Options) { o.CreateTimeout = timeout })
-	h.be.set("create", "berth-104-1", wedge)
+	h.be.SetBehaviour("create", "berth-104-1", testkit.Hang)
 	h.place(t, h.host, "berth-104-1", 104, []byte("jit"))
 	h.waitCalls(t, "create", "berth-104-1", 1)
 
@@ -138,7 +140,7 @@ func TestTeardownStopsTheVMExactlyOnce(t *testing.T) {
 	h.teardown(t, "berth-107-1")
 	h.wait(t, "berth-107-1", events.TypeAttemptStopped)
 	for _, a := range []string{"berth-106-1", "berth-107-1"} {
-		if n := len(h.be.callsTo("stop", a)); n != 1 {
+		if n := len(h.be.Calls("stop", a)); n != 1 {
 			t.Errorf("stop of %s called %d times, want exactly 1", a, n)
 		}
 	}
@@ -153,7 +155,7 @@ func TestWedgedStopIsAbandonedWhileAnotherTeardownCompletes(t *testing.T) {
 		h.place(t, h.host, a, int64(108+i), []byte("jit"))
 		h.wait(t, a, events.TypeAttemptRunnerStarted)
 	}
-	h.be.set("stop", "berth-108-1", wedge)
+	h.be.SetBehaviour("stop", "berth-108-1", testkit.Hang)
 
 	// When both are torn down, the second while the first's stop hangs.
 	h.teardown(t, "berth-108-1")
@@ -176,7 +178,7 @@ func TestWedgedStopIsAbandonedWhileAnotherTeardownCompletes(t *testing.T) {
 		t.Error("an abandoned stop was recorded as stopped")
 	}
 	for _, a := range []string{"berth-108-1", "berth-109-1"} {
-		if n := len(h.be.callsTo("stop", a)); n != 1 {
+		if n := len(h.be.Calls("stop", a)); n != 1 {
 			t.Errorf("stop of %s called %d times, want exactly 1", a, n)
 		}
 	}
@@ -191,7 +193,7 @@ func TestTeardownOfAnUnprovisionedAttemptNeedsNoBackend(t *testing.T) {
 	// When its teardown is requested, then it is stopped without a backend call.
 	h.teardown(t, "berth-111-1")
 	h.wait(t, "berth-111-1", events.TypeAttemptStopped)
-	if n := len(h.be.callsTo("stop", "berth-111-1")) + len(h.be.callsTo("create", "berth-111-1")); n != 0 {
+	if n := len(h.be.Calls("stop", "berth-111-1")) + len(h.be.Calls("create", "berth-111-1")); n != 0 {
 		t.Errorf("backend called %d times for an attempt that never had a VM", n)
 	}
 }
@@ -211,7 +213,7 @@ func TestRestartedAgentDoesNotCreateATornDownPlacement(t *testing.T) {
 	if got := h.attemptFacts("berth-112-1", events.TypeAttemptProvisioning); len(got) != 0 {
 		t.Error("a torn-down placement was provisioned")
 	}
-	if n := len(h.be.callsTo("stop", "berth-112-1")) + len(h.be.callsTo("create", "berth-112-1")); n != 0 {
+	if n := len(h.be.Calls("stop", "berth-112-1")) + len(h.be.Calls("create", "berth-112-1")); n != 0 {
 		t.Errorf("backend called %d times for a placement torn down before it was seen", n)
 	}
 }
@@ -227,7 +229,7 @@ func TestPlacementForAnotherHostIsNotTaken(t *testing.T) {
 	h.wait(t, "berth-114-1", events.TypeAttemptRunnerStarted)
 
 	// Then it never touched the other host's attempt.
-	if n := len(h.be.callsTo("create", "berth-113-1")); n != 0 {
+	if n := len(h.be.Calls("create", "berth-113-1")); n != 0 {
 		t.Errorf("agent of %s created an attempt placed on host-b", h.host)
 	}
 	if got := h.find(func(e events.Event) bool {
@@ -252,7 +254,7 @@ func TestEveryPlacementIsCreatedExactlyOnce(t *testing.T) {
 	}
 	for i := range n {
 		a := fmt.Sprintf("berth-%d-1", 200+i)
-		if c := len(h.be.callsTo("create", a)); c != 1 {
+		if c := len(h.be.Calls("create", a)); c != 1 {
 			t.Errorf("create of %s called %d times, want exactly 1", a, c)
 		}
 	}
@@ -265,25 +267,24 @@ func TestAgentHeartbeatsUnderItsHostName(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
-	// Poll until the bucket holds a second heartbeat: the agent keeps beating.
-	for {
+	// Wait until the bucket holds a second heartbeat: the agent keeps beating.
+	var e jetstream.KeyValueEntry
+	testkit.EventuallyErr(t, waitLimit, "a repeated heartbeat in "+events.BucketHeartbeats+"/"+h.host, func() error {
 		kv, err := h.js.KeyValue(ctx, events.BucketHeartbeats)
-		if err == nil {
-			if e, err := kv.Get(ctx, h.host); err == nil && e.Revision() >= 2 {
-				var hb events.Heartbeat
-				if err := json.Unmarshal(e.Value(), &hb); err != nil {
-					t.Fatalf("heartbeat %q: %v", e.Value(), err)
-				}
-				if hb.Host != h.host || hb.Boot != boot || hb.At.IsZero() {
-					t.Errorf("heartbeat %+v, want host %s boot %s and a time", hb, h.host, boot)
-				}
-				return
-			}
+		if err != nil {
+			return err
 		}
-		if ctx.Err() != nil {
-			t.Fatalf("no repeated heartbeat in %s/%s within %v", events.BucketHeartbeats, h.host, waitLimit)
+		if e, err = kv.Get(ctx, h.host); err == nil && e.Revision() < 2 {
+			err = fmt.Errorf("revision %d", e.Revision())
 		}
-		time.Sleep(10 * time.Millisecond)
+		return err
+	})
+	var hb events.Heartbeat
+	if err := json.Unmarshal(e.Value(), &hb); err != nil {
+		t.Fatalf("heartbeat %q: %v", e.Value(), err)
+	}
+	if hb.Host != h.host || hb.Boot != boot || hb.At.IsZero() {
+		t.Errorf("heartbeat %+v, want host %s boot %s and a time", hb, h.host, boot)
 	}
 }
 
@@ -303,9 +304,7 @@ func TestAgentAdvertisesTheSmallerOfItsAndTheBackendsPhysicalCap(t *testing.T) {
 	}
 	for _, c := range []struct{ configured, backend, want int }{{4, 2, 2}, {1, 2, 1}, {0, 2, 2}} {
 		h.stop()
-		h.be.mu.Lock()
-		h.be.physicalCap = c.backend
-		h.be.mu.Unlock()
+		h.be.SetPhysicalCap(c.backend)
 		h.opts.PhysicalCap = c.configured
 		h.startAgent(t)
 		if got := advertised(); got != c.want {
@@ -333,8 +332,8 @@ func TestAWarmVMBootsWithoutAJITConfigAndStartsItsRunnerOnAssign(t *testing.T) {
 	h.append(t, events.SlotReserved{Pool: "linux", Host: h.host, Attempt: id, N: 1, Labels: labels, Warm: true})
 	h.append(t, events.AttemptPlaced{AttemptRef: r, Labels: labels, Warm: true})
 	h.wait(t, id, events.TypeAttemptReady)
-	creates := h.be.callsTo("create", id)
-	if len(creates) != 1 || !creates[0].vm.Warm || creates[0].vm.JITConfigFile != "" {
+	creates := h.be.Calls("create", id)
+	if len(creates) != 1 || !creates[0].VM.Warm || creates[0].VM.JITConfigFile != "" {
 		t.Fatalf("create calls %+v: want one, warm, with no JIT config file", creates)
 	}
 	if got := h.attemptFacts(id, events.TypeAttemptRunnerStarted); len(got) != 0 {
@@ -350,12 +349,12 @@ func TestAWarmVMBootsWithoutAJITConfigAndStartsItsRunnerOnAssign(t *testing.T) {
 	h.append(t, events.AttemptClaimed{Pool: "linux", Host: h.host, Attempt: id, JobID: 77})
 	h.append(t, events.AttemptAssigned{AttemptRef: r, JobID: 77, RunnerID: 770, SealedJIT: sealed, SealedBy: by, SealedTo: h.agentKey})
 	h.wait(t, id, events.TypeAttemptRunnerStarted)
-	assigns := h.be.callsTo("assign", id)
-	if len(assigns) != 1 || !bytes.Equal(assigns[0].jit, jit) || assigns[0].jitMode != 0o600 ||
-		filepath.Dir(assigns[0].vm.JITConfigFile) != assigns[0].vm.WorkDir {
+	assigns := h.be.Calls("assign", id)
+	if len(assigns) != 1 || !bytes.Equal(assigns[0].JIT, jit) || assigns[0].JITMode != 0o600 ||
+		filepath.Dir(assigns[0].VM.JITConfigFile) != assigns[0].VM.WorkDir {
 		t.Fatalf("assign calls %+v: want one, with the opened JIT config in the attempt's own 0600 file", assigns)
 	}
-	if n := len(h.be.callsTo("create", id)); n != 1 {
+	if n := len(h.be.Calls("create", id)); n != 1 {
 		t.Fatalf("create called %d times, want once: the VM already runs", n)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/vmagent"
 )
 
@@ -23,17 +24,8 @@ import (
 func BenchmarkAgentDecide(b *testing.B) {
 	for _, stopped := range []int{0, 1000, 10000} {
 		b.Run("stopped="+strconv.Itoa(stopped), func(b *testing.B) {
-			srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: b.TempDir()})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-			nc, js, err := eventlog.Connect(srv.ClientURL(), b.Name())
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer nc.Close()
-			a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/host-a"}, newFakeBackend(), vmagent.Options{
+			_, js, _ := testkit.NATS(b)
+			a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/host-a"}, testkit.NewBackend(b), vmagent.Options{
 				Host: "host-a", DataDir: b.TempDir(), InventoryEvery: time.Hour,
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			if err != nil {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/vmagent"
 )
 
@@ -29,7 +30,7 @@ func TestSigtermDrainsRunningJobsThenExits(t *testing.T) {
 	if f.Step != events.StepDrain {
 		t.Errorf("placement during a drain failed at step %q, want %q", f.Step, events.StepDrain)
 	}
-	if n := len(h.be.callsTo("create", late)); n != 0 {
+	if n := len(h.be.Calls("create", late)); n != 0 {
 		t.Errorf("created %d VMs on a draining host", n)
 	}
 	select {
@@ -61,7 +62,7 @@ func TestDrainTimeoutStopsWhatIsLeft(t *testing.T) {
 		t.Errorf("drain took %v with a 300ms shutdown timeout", took)
 	}
 	h.wait(t, a, events.TypeAttemptStopped)
-	if n := len(h.be.callsTo("stop", a)); n != 1 {
+	if n := len(h.be.Calls("stop", a)); n != 1 {
 		t.Errorf("stop called %d times, want 1", n)
 	}
 }
@@ -87,7 +88,7 @@ func TestDrainWithAWedgedStopStillEnds(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(o *vmagent.Options) { o.ShutdownTimeout = 300 * time.Millisecond })
 	const a = "berth-404-1"
-	h.be.set("stop", a, wedge)
+	h.be.SetBehaviour("stop", a, testkit.Hang)
 	h.place(t, h.host, a, 404, []byte("jit"))
 	h.wait(t, a, events.TypeAttemptRunnerStarted)
 	start := time.Now()

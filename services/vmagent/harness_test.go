@@ -5,16 +5,16 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"fmt"
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/vmagent"
-	"github.com/berth-ci/berth/services/vmagent/backend"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 	"go.uber.org/goleak"
@@ -25,116 +25,6 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // waitLimit bounds every wait in this package: far above what any step
 // needs, so that only a real hang fails a test.
 const waitLimit = 10 * time.Second
-
-// behaviour is what the fake backend does on one call.
-type behaviour int
-
-const (
-	succeed          behaviour = iota
-	fail                       // return an error at once
-	wedge                      // block ignoring ctx, like a hung hypervisor call; released at cleanup
-	wedgeThenSucceed           // block ignoring ctx until the test closes fakeBackend.late, then succeed
-	wedgeFirst                 // the first call wedges; later ones succeed
-)
-
-// call is what the fake backend saw on one call.
-type call struct {
-	vm      backend.VM
-	jit     []byte      // content of the JIT config file at create time
-	jitMode os.FileMode // its permission bits
-	jitErr  error
-}
-
-// fakeBackend is a backend.Backend told per step and attempt what to do.
-type fakeBackend struct {
-	release chan struct{} // closed at cleanup: wedged calls return
-	late    chan struct{} // closed by a test: wedgeThenSucceed calls return nil
-
-	mu   sync.Mutex
-	plan map[string]behaviour // "create/<attempt>" or "stop/<attempt>"
-	// inventory is what List returns; listErr fails it.
-	inventory []string
-	listErr   error
-	calls     map[string][]call
-	// physicalCap is what PhysicalCap reports.
-	physicalCap int
-}
-
-func newFakeBackend() *fakeBackend {
-	return &fakeBackend{release: make(chan struct{}), late: make(chan struct{}), plan: map[string]behaviour{}, calls: map[string][]call{}}
-}
-
-func (f *fakeBackend) Name() string { return "fake" }
-
-func (f *fakeBackend) PhysicalCap() int { return f.physicalCap }
-
-func (f *fakeBackend) CanAssign() bool { return true }
-
-func (f *fakeBackend) Assign(ctx context.Context, vm backend.VM) error { return f.do("assign", vm) }
-
-func (f *fakeBackend) Create(ctx context.Context, vm backend.VM) error { return f.do("create", vm) }
-
-func (f *fakeBackend) Stop(ctx context.Context, vm backend.VM) error { return f.do("stop", vm) }
-
-// List reports the VMs a test put in inventory.
-func (f *fakeBackend) List(ctx context.Context) ([]string, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.listErr != nil {
-		return nil, f.listErr
-	}
-	return append([]string(nil), f.inventory...), nil
-}
-
-func (f *fakeBackend) do(step string, vm backend.VM) error {
-	c := call{vm: vm}
-	if step == "create" || step == "assign" {
-		c.jit, c.jitErr = os.ReadFile(vm.JITConfigFile)
-		if st, err := os.Stat(vm.JITConfigFile); err == nil {
-			c.jitMode = st.Mode().Perm()
-		}
-	}
-	key := step + "/" + vm.Attempt
-	f.mu.Lock()
-	f.calls[key] = append(f.calls[key], c)
-	b := f.plan[key]
-	f.mu.Unlock()
-	switch b {
-	case fail:
-		return errors.New("fake " + step + ": out of disk")
-	case wedge:
-		<-f.release
-		return errors.New("fake " + step + ": returned only at test cleanup")
-	case wedgeThenSucceed:
-		select {
-		case <-f.late:
-			return nil
-		case <-f.release:
-			return errors.New("fake " + step + ": returned only at test cleanup")
-		}
-	case wedgeFirst:
-		f.mu.Lock()
-		first := len(f.calls[key]) == 1
-		f.mu.Unlock()
-		if first {
-			<-f.release
-			return errors.New("fake " + step + ": returned only at test cleanup")
-		}
-	}
-	return nil
-}
-
-func (f *fakeBackend) set(step, attempt string, b behaviour) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.plan[step+"/"+attempt] = b
-}
-
-func (f *fakeBackend) callsTo(step, attempt string) []call {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return append([]call(nil), f.calls[step+"/"+attempt]...)
-}
 
 // recorder follows the whole log into a slice.
 type recorder struct {
@@ -154,7 +44,7 @@ type harness struct {
 	host     string
 	js       jetstream.JetStream
 	app      *eventlog.Appender
-	be       *fakeBackend
+	be       *testkit.Backend
 	opts     vmagent.Options
 	sealer   nkeys.KeyPair
 	agentKey string // the agent's curve public key, from its HostOnline
@@ -164,27 +54,14 @@ type harness struct {
 
 func newHarness(t *testing.T, mutate func(*vmagent.Options)) *harness {
 	t.Helper()
-	srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	nc, js, err := eventlog.Connect(srv.ClientURL(), t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	if _, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{}); err != nil {
-		t.Fatal(err)
-	}
+	_, js, _ := testkit.NATS(t)
+	testkit.Stream(t, js, eventlog.StreamConfig{})
 	sealer, err := nkeys.CreateCurveKeys()
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := &harness{host: "host-a", js: js, app: &eventlog.Appender{JS: js, Source: "berth/dispatcher/test"},
-		be: newFakeBackend(), sealer: sealer, rec: &recorder{}, stop: func() {}}
+		be: testkit.NewBackend(t), sealer: sealer, rec: &recorder{}, stop: func() {}}
 	h.opts = vmagent.Options{
 		Host:          h.host,
 		Pools:         map[string]events.PoolSlots{"linux": {Labels: []string{"self-hosted", "linux"}, Slots: 4}},
@@ -201,8 +78,10 @@ func newHarness(t *testing.T, mutate func(*vmagent.Options)) *harness {
 	if mutate != nil {
 		mutate(&h.opts)
 	}
+	// List reports no VM unless a test says otherwise: the sweep tests set
+	// the inventory they mean.
+	h.be.SetInventory(nil, nil)
 	h.follow(t)
-	t.Cleanup(func() { close(h.be.release) }) // after the agent stopped (cleanups run last-in first-out)
 	h.startAgent(t)
 	return h
 }
@@ -320,16 +199,14 @@ func (h *harness) find(match func(events.Event) bool) []events.Event {
 // waitN polls the log until n facts match, or fails after waitLimit.
 func (h *harness) waitN(t *testing.T, what string, n int, match func(events.Event) bool) []events.Event {
 	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for {
-		if got := h.find(match); len(got) >= n {
-			return got
+	var got []events.Event
+	testkit.EventuallyErr(t, waitLimit, fmt.Sprintf("%d× %s", n, what), func() error {
+		if got = h.find(match); len(got) < n {
+			return fmt.Errorf("log: %v", h.summary())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no %d× %s within %v; log: %v", n, what, waitLimit, h.summary())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
+	return got
 }
 
 // attemptFacts returns the facts of type typ about attempt (on this host).
@@ -350,18 +227,14 @@ func isFact(host, attempt, typ string) func(events.Event) bool {
 }
 
 // waitCalls waits until the backend has seen n calls of step for attempt.
-func (h *harness) waitCalls(t *testing.T, step, attempt string, n int) []call {
+func (h *harness) waitCalls(t *testing.T, step, attempt string, n int) []testkit.Call {
 	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for {
-		if got := h.be.callsTo(step, attempt); len(got) >= n {
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("backend saw no %d× %s of %s within %v", n, step, attempt, waitLimit)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	var got []testkit.Call
+	testkit.Eventually(t, waitLimit, fmt.Sprintf("backend sees %d× %s of %s", n, step, attempt), func() bool {
+		got = h.be.Calls(step, attempt)
+		return len(got) >= n
+	})
+	return got
 }
 
 func (h *harness) summary() []string {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/vmagent"
 )
 
@@ -16,7 +17,7 @@ func TestAStopThatReturnsAfterItsDeadlineRecordsTheVMStoppedLate(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(o *vmagent.Options) { o.RetryBase = time.Hour })
 	const a = "berth-301-1"
-	h.be.set("stop", a, wedgeThenSucceed)
+	h.be.SetBehaviour("stop", a, testkit.HangThenSucceed)
 	h.place(t, h.host, a, 301, []byte("jit"))
 	h.wait(t, a, events.TypeAttemptRunnerStarted)
 	h.teardown(t, a)
@@ -24,12 +25,12 @@ func TestAStopThatReturnsAfterItsDeadlineRecordsTheVMStoppedLate(t *testing.T) {
 	if got := h.attemptFacts(a, events.TypeAttemptStopped); len(got) != 0 {
 		t.Fatalf("stopped before the hung call returned: %v", got)
 	}
-	close(h.be.late)
+	h.be.Late()
 	st := h.wait(t, a, events.TypeAttemptStopped).Data.(*events.AttemptStopped)
 	if !st.Late {
 		t.Error("a stop that returned after abandonment was not recorded late")
 	}
-	if n := len(h.be.callsTo("stop", a)); n != 1 {
+	if n := len(h.be.Calls("stop", a)); n != 1 {
 		t.Errorf("stop called %d times; the retry is an hour away, want 1", n)
 	}
 }
@@ -41,7 +42,7 @@ func TestAnAbandonedStopIsRetriedWithBackoffAndNeverQueuesBehindTheWedgedCall(t 
 	t.Parallel()
 	h := newHarness(t, func(o *vmagent.Options) { o.RetryBase = 200 * time.Millisecond })
 	const a = "berth-302-1"
-	h.be.set("stop", a, wedgeFirst)
+	h.be.SetBehaviour("stop", a, testkit.HangFirst)
 	h.place(t, h.host, a, 302, []byte("jit"))
 	h.wait(t, a, events.TypeAttemptRunnerStarted)
 	h.teardown(t, a)
@@ -50,7 +51,7 @@ func TestAnAbandonedStopIsRetriedWithBackoffAndNeverQueuesBehindTheWedgedCall(t 
 	if !st.Late {
 		t.Error("retry after abandonment not recorded late")
 	}
-	if n := len(h.be.callsTo("stop", a)); n != 2 {
+	if n := len(h.be.Calls("stop", a)); n != 2 {
 		t.Errorf("stop called %d times, want 2 (the wedged one and one retry)", n)
 	}
 }
@@ -62,7 +63,7 @@ func TestAnAbandonedCreateIsStopped(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(o *vmagent.Options) { o.RetryBase = 100 * time.Millisecond })
 	const a = "berth-303-1"
-	h.be.set("create", a, wedge)
+	h.be.SetBehaviour("create", a, testkit.Hang)
 	h.place(t, h.host, a, 303, []byte("jit"))
 	h.wait(t, a, events.TypeAttemptAbandoned)
 	st := h.wait(t, a, events.TypeAttemptStopped).Data.(*events.AttemptStopped)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/vmagent"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -47,7 +48,7 @@ func TestRunReturnsWhenItsLoopFails(t *testing.T) {
 	if _, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/host-a"}, newFakeBackend(), vmagent.Options{
+	a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/host-a"}, testkit.NewBackend(t), vmagent.Options{
 		Host: "host-a", DataDir: t.TempDir(), CreateTimeout: time.Second, StopTimeout: time.Second,
 		Heartbeat: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {

@@ -5,7 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"fmt"
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/vmagent"
 )
 
@@ -24,18 +26,12 @@ func TestOrphanSweepStopsOnlyUnownedBerthVMs(t *testing.T) {
 	const owned, orphan, foreign = "berth-501-1", "berth-999-1", "somebody-elses-vm"
 	h.place(t, h.host, owned, 501, []byte("jit"))
 	h.wait(t, owned, events.TypeAttemptRunnerStarted)
-	h.be.mu.Lock()
-	h.be.inventory = []string{owned, orphan, foreign}
-	h.be.mu.Unlock()
+	h.be.SetInventory([]string{owned, orphan, foreign}, nil)
 
 	h.waitCalls(t, "stop", orphan, 1)
-	time.Sleep(300 * time.Millisecond) // several more sweeps
-	if n := len(h.be.callsTo("stop", owned)); n != 0 {
-		t.Errorf("owned VM stopped %d times by the sweep", n)
-	}
-	if n := len(h.be.callsTo("stop", foreign)); n != 0 {
-		t.Errorf("a VM not named like an attempt was stopped %d times", n)
-	}
+	h.sweeps(t, 3, "the owned VM or the foreign VM stopped", func() bool {
+		return len(h.be.Calls("stop", owned)) > 0 || len(h.be.Calls("stop", foreign)) > 0
+	})
 }
 
 // Given an inventory read that fails, nothing is stopped (law 7: a failed
@@ -43,12 +39,20 @@ func TestOrphanSweepStopsOnlyUnownedBerthVMs(t *testing.T) {
 func TestAFailedInventoryReadStopsNothing(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, sweepOpts)
-	h.be.mu.Lock()
-	h.be.inventory = []string{"berth-998-1"}
-	h.be.listErr = errors.New("hypervisor API timed out")
-	h.be.mu.Unlock()
-	time.Sleep(600 * time.Millisecond) // three grace periods of failed reads
-	if n := len(h.be.callsTo("stop", "berth-998-1")); n != 0 {
-		t.Errorf("stopped %d times on failed reads", n)
-	}
+	h.be.SetInventory([]string{"berth-998-1"}, errors.New("hypervisor API timed out"))
+	h.sweeps(t, 3, "stopped on failed reads", func() bool { return len(h.be.Calls("stop", "berth-998-1")) > 0 })
+}
+
+// sweeps waits until the agent has read its inventory n more times (each
+// read is a sweep; reads follow the loop's tick, so n reads span more than
+// the 200 ms grace), failing at once if wrong() holds meanwhile.
+func (h *harness) sweeps(t *testing.T, n int, wrong string, wrongHolds func() bool) {
+	t.Helper()
+	from := h.be.Count(testkit.StepList)
+	testkit.Eventually(t, waitLimit, fmt.Sprintf("%d more inventory reads", n), func() bool {
+		if wrongHolds() {
+			t.Fatalf("%s after %d inventory reads", wrong, h.be.Count(testkit.StepList)-from)
+		}
+		return h.be.Count(testkit.StepList) >= from+n
+	})
 }

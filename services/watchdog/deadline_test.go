@@ -10,6 +10,7 @@ import (
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/clock"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/watchdog"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -20,16 +21,7 @@ import (
 // releases the slot for that reason, stamped at or after the deadline: the
 // deadline was driven by the clock, with no sleep and no wall-clock wait.
 func TestAFakeClockDrivesTheProvisioningDeadlineThroughTheRealLoop(t *testing.T) {
-	srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	nc, js, err := eventlog.Connect(srv.ClientURL(), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	_, js, _ := testkit.NATS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{}); err != nil {
@@ -65,14 +57,7 @@ func TestAFakeClockDrivesTheProvisioningDeadlineThroughTheRealLoop(t *testing.T)
 
 	// When the watchdog has caught up and decided on the history at the
 	// start time, nothing is released.
-	for !w.Loop.CaughtUp() {
-		select {
-		case <-ctx.Done():
-			t.Fatal("the watchdog never caught up with the log")
-		case <-fake.Armed():
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	testkit.Eventually(t, 20*time.Second, "the watchdog caught up with the log", w.Loop.CaughtUp)
 	if err := w.Read(ctx, func(*events.Fleet) {}); err != nil { // one whole turn after catching up
 		t.Fatal(err)
 	}
@@ -84,21 +69,16 @@ func TestAFakeClockDrivesTheProvisioningDeadlineThroughTheRealLoop(t *testing.T)
 	// (past the deadline; on the wall clock the tick is an hour away, so
 	// only the fake clock's ticker can decide in time), the slot goes back.
 	fake.Advance(tick)
-	for {
-		if a := releasedIn(ctx, t, js, booked.Pool, booked.Attempt); a != nil {
-			if a.reason != events.ReleaseProvisionTimeout {
-				t.Fatalf("released for %q, want %q", a.reason, events.ReleaseProvisionTimeout)
-			}
-			if a.at.Before(start.Add(tick)) {
-				t.Fatalf("release stamped %v, before the tick at %v: not the fake clock's decision", a.at, start.Add(tick))
-			}
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("no release within 30 s of advancing the clock past the provisioning deadline")
-		case <-time.After(20 * time.Millisecond): // poll the log; the loop decides on the fake clock's tick
-		}
+	var got *releasedAt
+	testkit.Eventually(t, 20*time.Second, "the slot released after the fake clock passed the deadline", func() bool {
+		got = releasedIn(ctx, t, js, booked.Pool, booked.Attempt)
+		return got != nil
+	})
+	if got.reason != events.ReleaseProvisionTimeout {
+		t.Fatalf("released for %q, want %q", got.reason, events.ReleaseProvisionTimeout)
+	}
+	if got.at.Before(start.Add(tick)) {
+		t.Fatalf("release stamped %v, before the tick at %v: not the fake clock's decision", got.at, start.Add(tick))
 	}
 }
 

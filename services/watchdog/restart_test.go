@@ -10,6 +10,7 @@ import (
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/watchdog"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -19,22 +20,9 @@ import (
 // reads the heartbeats before its first decision (law 7: data it has not
 // read yet is not a fact).
 func TestAWatchdogStartingUpDoesNotLoseHostsThatHeartbeat(t *testing.T) {
-	srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	nc, js, err := eventlog.Connect(srv.ClientURL(), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	js, app := testkit.Log(t, "test")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if _, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{}); err != nil {
-		t.Fatal(err)
-	}
-	app := &eventlog.Appender{JS: js, Source: "test"}
 	long := time.Now().Add(-time.Hour)
 	if _, _, err := app.Append(ctx, app.New(long, events.HostOnline{Host: "h-a", Boot: "b", PhysicalCap: 2, At: long}), nil); err != nil {
 		t.Fatal(err)
@@ -69,7 +57,12 @@ func TestAWatchdogStartingUpDoesNotLoseHostsThatHeartbeat(t *testing.T) {
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- w.Run(rctx) }()
-	time.Sleep(300 * time.Millisecond) // many decisions
+	testkit.Eventually(t, 10*time.Second, "the watchdog caught up", w.Loop.CaughtUp)
+	// Its decisions (one per 20 ms tick) must not lose the host.
+	testkit.Consistently(t, 300*time.Millisecond, "the heartbeating host is not lost", func() bool {
+		f, err := eventlog.Replay(ctx, js, nil)
+		return err == nil && f.Hosts["h-a"].State == events.HostStateOnline
+	})
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)

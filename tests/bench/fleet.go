@@ -14,6 +14,7 @@ import (
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/config"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/natsembed"
 	"github.com/berth-ci/berth/services/run"
 	"github.com/berth-ci/berth/services/vmagent/backend"
 	"github.com/berth-ci/berth/tests/ghsim"
@@ -87,7 +88,7 @@ func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
 			f.Close()
 		}
 	}()
-	srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: filepath.Join(dir, "nats")})
+	srv, err := natsembed.StartEmbedded(natsembed.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: filepath.Join(dir, "nats")})
 	if err != nil {
 		return f, err
 	}

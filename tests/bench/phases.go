@@ -15,6 +15,7 @@ import (
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/natsembed"
 	"github.com/berth-ci/berth/tests/ghsim"
 )
 
@@ -562,7 +563,7 @@ func Replay(ctx context.Context, e Env, o ReplayOptions) (Result, error) {
 		return res, err
 	}
 	defer os.RemoveAll(dir)
-	srv, err := eventlog.StartEmbedded(eventlog.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: dir})
+	srv, err := natsembed.StartEmbedded(natsembed.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: dir})
 	if err != nil {
 		return res, err
 	}

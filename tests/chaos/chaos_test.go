@@ -21,11 +21,12 @@ import (
 	"testing"
 	"time"
 
+	"errors"
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/config"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/tests/ghsim"
 	"github.com/berth-ci/berth/tests/procs"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestMain(m *testing.M) { os.Exit(procs.Main(m)) }
@@ -92,7 +93,7 @@ func TestChaos(t *testing.T) {
 				return
 			}
 			sys.Sim.Enqueue(spec)
-			time.Sleep(time.Until(start.Add(time.Duration(i+1) * gap)))
+			time.Sleep(time.Until(start.Add(time.Duration(i+1) * gap))) // the arrival schedule under test, not a wait for an outcome
 		}
 	}()
 
@@ -126,7 +127,7 @@ func TestChaos(t *testing.T) {
 			progress()
 		}
 		if time.Now().Before(next) {
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // the chaos schedule's pace: the next kill is due at next
 			continue
 		}
 		kind := victims[rng.IntN(len(victims))]
@@ -135,7 +136,7 @@ func TestChaos(t *testing.T) {
 		v.Kill(t)
 		kills[v.Name]++
 		total++
-		time.Sleep(down)
+		time.Sleep(down) // the victim stays down this long: the fault under test
 		v.Restart(t)
 		if isNATS(sys, v) {
 			awaitReplicasCurrent(t, sys, 60*time.Second)
@@ -185,32 +186,27 @@ func isNATS(sys *procs.System, p *procs.Proc) bool {
 // takes a second replica of the log away (3 replicas survive one loss).
 func awaitReplicasCurrent(t *testing.T, sys *procs.System, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	var last string
-	for time.Now().Before(deadline) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	testkit.Poll(t, context.Background(), within, 200*time.Millisecond, "stream leader and replicas current", func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
 		s, err := sys.JetStream().Stream(ctx, events.StreamName)
-		var info *jetstream.StreamInfo
-		if err == nil {
-			info, err = s.Info(ctx)
+		if err != nil {
+			return err
 		}
-		cancel()
+		info, err := s.Info(ctx)
 		switch {
 		case err != nil:
-			last = err.Error()
+			return err
 		case info.Cluster == nil || info.Cluster.Leader == "":
-			last = "no leader"
-		default:
-			ok := len(info.Cluster.Replicas) == 2
-			for _, r := range info.Cluster.Replicas {
-				ok = ok && r.Current && !r.Offline
-			}
-			if ok {
-				return
-			}
-			last = fmt.Sprintf("leader %s, replicas %+v", info.Cluster.Leader, info.Cluster.Replicas)
+			return errors.New("no leader")
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("stream replicas not current within %s: %s", within, last)
+		ok := len(info.Cluster.Replicas) == 2
+		for _, r := range info.Cluster.Replicas {
+			ok = ok && r.Current && !r.Offline
+		}
+		if !ok {
+			return fmt.Errorf("leader %s, replicas %+v", info.Cluster.Leader, info.Cluster.Replicas)
+		}
+		return nil
+	})
 }

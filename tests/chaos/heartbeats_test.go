@@ -5,8 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"fmt"
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/config"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/tests/ghsim"
 	"github.com/berth-ci/berth/tests/procs"
 )
@@ -65,26 +67,25 @@ func outage(t *testing.T, hostTTL time.Duration, pick func(*procs.System) []*pro
 	for range 4 {
 		ids = append(ids, sys.Sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted", "linux"}, Duration: hostTTL + 20*time.Second}))
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for running := 0; running < len(ids); {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d jobs running after 30s", running, len(ids))
-		}
-		time.Sleep(200 * time.Millisecond)
-		running = 0
+	testkit.EventuallyErr(t, 30*time.Second, fmt.Sprintf("%d jobs running", len(ids)), func() error {
+		running := 0
 		for _, j := range sys.Sim.Jobs() {
 			if j.Status == ghsim.StatusInProgress {
 				running++
 			}
 		}
-	}
+		if running < len(ids) {
+			return fmt.Errorf("only %d running", running)
+		}
+		return nil
+	})
 	nodes := pick(sys)
 	down := hostTTL + 5*time.Second
 	for _, n := range nodes {
 		t.Logf("killing %s for %s (host_ttl %s)", n.Name, down, hostTTL)
 		n.Kill(t)
 	}
-	time.Sleep(down)
+	time.Sleep(down) // the nodes stay down past host_ttl: the outage under test
 	for _, n := range nodes {
 		n.Restart(t)
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/config"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -401,26 +402,6 @@ func berthCLI(t *testing.T, root string) string {
 	return bin
 }
 
-// eventually retries fn every 200ms until it returns nil, and fails the test
-// with fn's last error after within. It returns how long it took.
-func eventually(t *testing.T, ctx context.Context, within time.Duration, what string, fn func(context.Context) error) time.Duration {
-	t.Helper()
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, within)
-	defer cancel()
-	for {
-		err := fn(ctx)
-		if err == nil {
-			return time.Since(start)
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not within %v: %v", what, within, err)
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-}
-
 // streamInfo asks the cluster about BERTH_EVENTS.
 func streamInfo(ctx context.Context, js jetstream.JetStream) (*jetstream.StreamInfo, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -544,7 +525,7 @@ func TestHAProfileSurvivesTheStreamLeadersDeath(t *testing.T) {
 		t.Fatal(err)
 	}
 	var info *jetstream.StreamInfo
-	took := eventually(t, ctx, 90*time.Second, "BERTH_EVENTS at 3 replicas, all current", func(ctx context.Context) error {
+	took := testkit.Poll(t, ctx, 90*time.Second, 200*time.Millisecond, "BERTH_EVENTS at 3 replicas, all current", func(ctx context.Context) error {
 		i, err := streamInfo(ctx, js)
 		if err != nil {
 			return err
@@ -561,7 +542,7 @@ func TestHAProfileSurvivesTheStreamLeadersDeath(t *testing.T) {
 		}
 		return nil
 	}
-	took = eventually(t, ctx, 60*time.Second, "every dispatcher and watchdog /healthz 200", healthy)
+	took = testkit.Poll(t, ctx, 60*time.Second, 200*time.Millisecond, "every dispatcher and watchdog /healthz 200", healthy)
 	t.Logf("[%s] all four services healthy after %v more", since(), took.Round(100*time.Millisecond))
 
 	// A host for the operator facts (berth cordon needs one the log knows):
@@ -622,7 +603,7 @@ func TestHAProfileSurvivesTheStreamLeadersDeath(t *testing.T) {
 	killed := time.Now()
 	t.Logf("[%s] killed %s, the stream's leader (container %.12s)", since(), leader, id)
 
-	took = eventually(t, ctx, 20*time.Second, "a new stream leader", func(ctx context.Context) error {
+	took = testkit.Poll(t, ctx, 20*time.Second, 200*time.Millisecond, "a new stream leader", func(ctx context.Context) error {
 		i, err := streamInfo(ctx, js)
 		if err != nil {
 			return err
@@ -636,7 +617,7 @@ func TestHAProfileSurvivesTheStreamLeadersDeath(t *testing.T) {
 	t.Logf("[%s] new leader after %v: %s", since(), took.Round(10*time.Millisecond), peers(info))
 
 	var tries int
-	eventually(t, ctx, 20*time.Second, "berth cordon after the kill", func(ctx context.Context) error {
+	testkit.Poll(t, ctx, 20*time.Second, 200*time.Millisecond, "berth cordon after the kill", func(ctx context.Context) error {
 		tries++
 		out, err := cli(ctx, "cordon", host, "--reason", after)
 		if err != nil {
@@ -678,7 +659,7 @@ func TestHAProfileSurvivesTheStreamLeadersDeath(t *testing.T) {
 
 	// Every service is healthy and has folded the fact appended after the
 	// kill: its follower found the new leader.
-	eventually(t, ctx, 30*time.Second, "every service healthy and past the second fact", func(ctx context.Context) error {
+	testkit.Poll(t, ctx, 30*time.Second, 200*time.Millisecond, "every service healthy and past the second fact", func(ctx context.Context) error {
 		if err := healthy(ctx); err != nil {
 			return err
 		}
@@ -733,7 +714,7 @@ func TestHAProfileSurvivesTheStreamLeadersDeath(t *testing.T) {
 	if out, err := exec.CommandContext(ctx, "docker", "start", id).CombinedOutput(); err != nil {
 		t.Fatalf("docker start %s: %v: %s", leader, err, out)
 	}
-	took = eventually(t, ctx, 60*time.Second, leader+" back and current", func(ctx context.Context) error {
+	took = testkit.Poll(t, ctx, 60*time.Second, 200*time.Millisecond, leader+" back and current", func(ctx context.Context) error {
 		i, err := streamInfo(ctx, js)
 		if err != nil {
 			return err

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/testkit"
 )
 
 // natsCLI is the nats CLI (`make tools` installs it into bin/).
@@ -88,7 +89,7 @@ func TestComposeDemoServesJobs(t *testing.T) {
 	if err != nil || strings.TrimSpace(id) == "" {
 		t.Fatalf("sim container: %q %v", id, err)
 	}
-	took := eventually(t, ctx, 3*time.Minute, "the simulator done with every job", func(ctx context.Context) error {
+	took := testkit.Poll(t, ctx, 3*time.Minute, 200*time.Millisecond, "the simulator done with every job", func(ctx context.Context) error {
 		out, err := exec.CommandContext(ctx, "docker", "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", strings.TrimSpace(id)).Output()
 		if err != nil {
 			return err
@@ -107,7 +108,7 @@ func TestComposeDemoServesJobs(t *testing.T) {
 
 	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", ports["BERTH_NATS_PORT"])
 	var st events.Status
-	eventually(t, ctx, 60*time.Second, "berth status: every job completed, nothing held, no VM alive", func(ctx context.Context) error {
+	testkit.Poll(t, ctx, 60*time.Second, 200*time.Millisecond, "berth status: every job completed, nothing held, no VM alive", func(ctx context.Context) error {
 		c := exec.CommandContext(ctx, berth, "status", "--json", "--nats", natsURL)
 		c.Env = append(os.Environ(), "BERTH_NATS_URL=")
 		out, err := c.Output()

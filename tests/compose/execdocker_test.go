@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"fmt"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/vmagent/backend"
 	execbe "github.com/berth-ci/berth/services/vmagent/backends/exec"
 	"github.com/berth-ci/berth/tests/ghsim"
@@ -140,26 +142,27 @@ func TestDockerExecScriptServesAJobInAContainer(t *testing.T) {
 		t.Fatalf("list = %v, want [%s] (this host's attempts only)", got, a1)
 	}
 
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	t.Cleanup(func() {
+		if t.Failed() {
+			logs, _ := exec.Command("docker", "logs", a1).CombinedOutput()
+			t.Logf("container logs:\n%s", logs)
+		}
+	})
+	testkit.Poll(t, context.Background(), 60*time.Second, 200*time.Millisecond, fmt.Sprintf("job %d completed", job), func(context.Context) error {
 		var jv ghsim.JobView
 		for _, j := range sim.Jobs() {
 			if j.ID == job {
 				jv = j
 			}
 		}
-		if jv.Status == ghsim.StatusCompleted {
-			if jv.RunnerName != a1 || jv.Conclusion != "success" {
-				t.Fatalf("job completed by %q with %q, want %s and success", jv.RunnerName, jv.Conclusion, a1)
-			}
-			break
+		if jv.Status != ghsim.StatusCompleted {
+			return fmt.Errorf("job %d is %s", job, jv.Status)
 		}
-		if time.Now().After(deadline) {
-			logs, _ := exec.Command("docker", "logs", a1).CombinedOutput()
-			t.Fatalf("job %d is %s after 60 s; container logs:\n%s", job, jv.Status, logs)
+		if jv.RunnerName != a1 || jv.Conclusion != "success" {
+			t.Fatalf("job completed by %q with %q, want %s and success", jv.RunnerName, jv.Conclusion, a1)
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 	if got := list(); !slices.Equal(got, []string{a1}) {
 		t.Fatalf("after the runner exited, list = %v; want %s still listed until stopped (its container holds disk)", got, a1)
 	}
@@ -180,7 +183,7 @@ func TestDockerExecScriptServesAJobInAContainer(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("create with a 5 ms deadline: %v, want the deadline's error", err)
 	}
-	time.Sleep(2 * time.Second) // a docker run the kill did not reach may still land
+	time.Sleep(2 * time.Second) // a window, not a wait: a docker run the kill did not reach may still land, and the stop must remove it
 	if err := step(30*time.Second, func(ctx context.Context) error { return be.Stop(ctx, v2) }); err != nil {
 		t.Fatalf("stop after an overrun create: %v", err)
 	}

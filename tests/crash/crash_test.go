@@ -130,7 +130,7 @@ func runCase(t *testing.T, c crashCase) {
 				sys.Fault(h, "create-no-runner", events.AttemptID(id, 1))
 			}
 		}
-		time.Sleep(150 * time.Millisecond)
+		time.Sleep(150 * time.Millisecond) // the arrival pace, so the crash point lands mid-stream: not a wait for an outcome
 	}
 	if c.deadlines {
 		sys.Sim.RateLimit(ghsim.RouteDeleteRunnerOrg, ghsim.TooManyRequests, 1, 20*time.Second)

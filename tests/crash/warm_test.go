@@ -11,6 +11,7 @@ import (
 	"github.com/berth-ci/berth/services/config"
 	"github.com/berth-ci/berth/services/crashpoint"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/tests/ghsim"
 	"github.com/berth-ci/berth/tests/procs"
 )
@@ -43,16 +44,13 @@ func TestARestartMidRefillEndsWithExactlyTheWarmTarget(t *testing.T) {
 	base := sys.DispatcherURLs[0]
 	idle := func(within time.Duration) events.PoolStatus {
 		t.Helper()
-		deadline := time.Now().Add(within)
 		var last events.PoolStatus
-		for stable := 0; stable < 10; time.Sleep(200 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("linux never settled at %d idle warm VMs: %+v", target, last)
-			}
+		stable := 0
+		testkit.Poll(t, context.Background(), within, 200*time.Millisecond, fmt.Sprintf("linux settled at %d idle warm VMs", target), func(context.Context) error {
 			st, err := sys.Status(base)
 			if err != nil {
 				stable = 0
-				continue
+				return err
 			}
 			for _, pl := range st.Pools {
 				if pl.Name == "linux" {
@@ -60,11 +58,15 @@ func TestARestartMidRefillEndsWithExactlyTheWarmTarget(t *testing.T) {
 				}
 			}
 			if last.WarmIdle == target && last.WarmWarming == 0 && last.Held == target {
-				stable++ // held steady for 2 s: no booking in flight
+				stable++ // held steady for 10 polls (2 s): no booking in flight
 			} else {
 				stable = 0
 			}
-		}
+			if stable < 10 {
+				return fmt.Errorf("%d steady polls of 10: %+v", stable, last)
+			}
+			return nil
+		})
 		return last
 	}
 	idle(60 * time.Second)
@@ -89,24 +91,20 @@ func TestARestartMidRefillEndsWithExactlyTheWarmTarget(t *testing.T) {
 	}
 
 	job := sys.Sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted", "linux"}, Duration: 200 * time.Millisecond})
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testkit.Poll(t, context.Background(), 60*time.Second, 100*time.Millisecond, "the job completed", func(context.Context) error {
 		var jv ghsim.JobView
 		for _, j := range sys.Sim.Jobs() {
 			if j.ID == job {
 				jv = j
 			}
 		}
-		if jv.Status == ghsim.StatusCompleted {
-			if !strings.HasPrefix(jv.RunnerName, "berth-warm-linux-") {
-				t.Fatalf("the job ran on %q, want a warm VM", jv.RunnerName)
-			}
-			break
+		if jv.Status != ghsim.StatusCompleted {
+			return fmt.Errorf("the job is %s", jv.Status)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the job is %s after 60 s", jv.Status)
+		if !strings.HasPrefix(jv.RunnerName, "berth-warm-linux-") {
+			t.Fatalf("the job ran on %q, want a warm VM", jv.RunnerName)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	idle(60 * time.Second)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/berth-ci/berth/services/config"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/run"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/tests/ghsim"
 	"github.com/berth-ci/berth/tests/harness"
 )
@@ -37,21 +38,17 @@ func poolStatus(ctx context.Context, sys *run.System, pool string) (events.PoolS
 	return events.PoolStatus{}, fmt.Errorf("no pool %s in %+v", pool, st.Pools)
 }
 
+// waitUntil polls ok every 100 ms until it holds or ctx ends, failing with
+// the last state ok described.
 func waitUntil(t *testing.T, ctx context.Context, what string, ok func() (bool, string)) {
 	t.Helper()
-	last := ""
-	for {
-		done, state := ok()
-		if done {
-			return
+	deadline, _ := ctx.Deadline()
+	testkit.Poll(t, ctx, time.Until(deadline), 100*time.Millisecond, what, func(context.Context) error {
+		if done, state := ok(); !done {
+			return fmt.Errorf("last: %s", state)
 		}
-		last = state
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not reached before the deadline; last: %s", what, last)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+		return nil
+	})
 }
 
 // Given the whole system with a warm pool (linux, min_idle 2) on exec hosts

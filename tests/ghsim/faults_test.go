@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/go-github/v62/github"
 
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/tests/ghsim"
 )
 
@@ -22,7 +23,7 @@ func TestLostDeliveryIsListedAndRedeliveredThroughTheAPI(t *testing.T) {
 	sim, rc := newSim(t)
 	sim.LoseDeliveries(func(d ghsim.DeliveryView) bool { return !d.Redelivery })
 	id := sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted"}})
-	waitFor(t, "lost delivery recorded", func() bool { d := sim.Deliveries(); return len(d) == 1 && d[0].Done })
+	testkit.Eventually(t, waitLimit, "lost delivery recorded", func() bool { d := sim.Deliveries(); return len(d) == 1 && d[0].Done })
 	lost := sim.Deliveries()[0]
 	if lost.StatusCode != 0 || lost.Err == "" || len(rc.all()) != 0 {
 		t.Fatalf("lost delivery %+v, receiver saw %d", lost, len(rc.all()))
@@ -62,11 +63,11 @@ func TestLostDeliveryIsListedAndRedeliveredThroughTheAPI(t *testing.T) {
 	if !errors.As(err, &accepted) {
 		t.Fatalf("redeliver: %v, want 202 Accepted", err)
 	}
-	waitFor(t, "redelivery received", func() bool { return len(rc.all()) == 1 })
+	testkit.Eventually(t, waitLimit, "redelivery received", func() bool { return len(rc.all()) == 1 })
 	if got := rc.all()[0]; got.delivery != lost.ID || got.sigErr != nil {
 		t.Fatalf("redelivery %q (signature %v), want %q", got.delivery, got.sigErr, lost.ID)
 	}
-	waitFor(t, "redelivery listed", func() bool {
+	testkit.Eventually(t, waitLimit, "redelivery listed", func() bool {
 		rows, _, err := gh.Apps.ListHookDeliveries(ctx, nil)
 		return err == nil && len(rows) == 2 && rows[0].GetRedelivery() && rows[0].GetStatusCode() == 200 && rows[0].GetGUID() == lost.ID
 	})
@@ -85,7 +86,7 @@ func TestHookDeliveriesPageWithACursor(t *testing.T) {
 	for range 5 {
 		sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted"}})
 	}
-	waitFor(t, "5 deliveries", func() bool {
+	testkit.Eventually(t, waitLimit, "5 deliveries", func() bool {
 		n := 0
 		for _, d := range sim.Deliveries() {
 			if d.Done {

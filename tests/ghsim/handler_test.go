@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-github/v62/github"
 
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/tests/ghsim"
 )
 
@@ -39,7 +40,7 @@ func TestHandlerOnForeignServer(t *testing.T) {
 	if err := ghsim.RunRunner(ctx, cfg.GetEncodedJITConfig(), nil); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "3 webhooks", func() bool { return len(jobEvents(t, rc, jobID)) == 3 })
+	testkit.Eventually(t, waitLimit, "3 webhooks", func() bool { return len(jobEvents(t, rc, jobID)) == 3 })
 	// Every payload shares one org-hook envelope: no installation, same repository.
 	for _, r := range rc.all() {
 		var p map[string]any

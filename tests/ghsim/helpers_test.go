@@ -141,18 +141,6 @@ func ghClient(t *testing.T, sim *ghsim.Sim, token string) *github.Client {
 	return c
 }
 
-// waitFor polls cond until it holds or waitLimit passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", waitLimit, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // mint registers an org JIT runner and returns its id and encoded config.
 func mint(t *testing.T, sim *ghsim.Sim, name string, labels ...string) (int64, string) {
 	t.Helper()

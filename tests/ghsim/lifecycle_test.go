@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/tests/ghsim"
 )
 
@@ -61,7 +62,7 @@ func TestJobLifecycleWebhooksInOrder(t *testing.T) {
 	if rs := sim.Runners(); len(rs) != 0 {
 		t.Fatalf("ephemeral runner not removed: %+v", rs)
 	}
-	waitFor(t, "3 webhooks", func() bool { return len(rc.all()) == 3 })
+	testkit.Eventually(t, waitLimit, "3 webhooks", func() bool { return len(rc.all()) == 3 })
 	evs := jobEvents(t, rc, jobID)
 	wantActions := []string{"queued", "in_progress", "completed"}
 	for i, ev := range evs {
@@ -108,7 +109,7 @@ func TestFailureConclusion(t *testing.T) {
 	if err := ghsim.RunRunner(context.Background(), enc, nil); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "completed webhook", func() bool { return len(jobEvents(t, rc, jobID)) == 3 })
+	testkit.Eventually(t, waitLimit, "completed webhook", func() bool { return len(jobEvents(t, rc, jobID)) == 3 })
 	if c := jobEvents(t, rc, jobID)[2].GetWorkflowJob().GetConclusion(); c != "failure" {
 		t.Fatalf("conclusion = %q", c)
 	}
@@ -187,7 +188,7 @@ func TestCancelQueuedJob(t *testing.T) {
 	if code, _ := acquire(t, context.Background(), sim, enc); code != http.StatusNoContent {
 		t.Fatalf("acquire after cancel = %d, want 204", code)
 	}
-	waitFor(t, "2 webhooks", func() bool { return len(jobEvents(t, rc, jobID)) == 2 })
+	testkit.Eventually(t, waitLimit, "2 webhooks", func() bool { return len(jobEvents(t, rc, jobID)) == 2 })
 	ev := jobEvents(t, rc, jobID)[1]
 	wj := ev.GetWorkflowJob()
 	if ev.GetAction() != "completed" || wj.GetConclusion() != "cancelled" || wj.RunnerName == nil || wj.GetRunnerName() != "" ||
@@ -212,12 +213,12 @@ func TestCancelledAcquireAssignsNothing(t *testing.T) {
 	_, enc := mint(t, sim, "killed", labels...)
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := acquireAsync(t, ctx, sim, enc)
-	waitFor(t, "runner online", func() bool { rs := sim.Runners(); return len(rs) == 1 && rs[0].Status == "online" })
+	testkit.Eventually(t, waitLimit, "runner online", func() bool { rs := sim.Runners(); return len(rs) == 1 && rs[0].Status == "online" })
 	cancel()
 	if res := recv(t, ch); res.err == nil {
 		t.Fatalf("cancelled acquire returned %+v", res)
 	}
-	waitFor(t, "runner offline", func() bool { return sim.Runners()[0].Status == "offline" })
+	testkit.Eventually(t, waitLimit, "runner offline", func() bool { return sim.Runners()[0].Status == "offline" })
 
 	jobID := sim.Enqueue(ghsim.JobSpec{Labels: labels})
 	_, enc2 := mint(t, sim, "alive", labels...)
@@ -235,7 +236,7 @@ func TestRunRunnerContextCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- ghsim.RunRunner(ctx, enc, nil) }()
-	waitFor(t, "runner online", func() bool { return sim.Runners()[0].Status == "online" })
+	testkit.Eventually(t, waitLimit, "runner online", func() bool { return sim.Runners()[0].Status == "online" })
 	cancel()
 	if err := recv(t, done); !errors.Is(err, context.Canceled) {
 		t.Fatalf("RunRunner = %v, want context.Canceled", err)
@@ -246,7 +247,7 @@ func TestRunRunnerContextCancel(t *testing.T) {
 	_, enc2 := mint(t, sim, "mid-job", "self-hosted")
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	go func() { done <- ghsim.RunRunner(ctx2, enc2, nil) }()
-	waitFor(t, "job in progress", func() bool { return job(t, sim, jobID).Status == ghsim.StatusInProgress })
+	testkit.Eventually(t, waitLimit, "job in progress", func() bool { return job(t, sim, jobID).Status == ghsim.StatusInProgress })
 	cancel2()
 	if err := recv(t, done); !errors.Is(err, context.Canceled) {
 		t.Fatalf("RunRunner = %v, want context.Canceled", err)
@@ -276,7 +277,7 @@ func TestRejectedRunners(t *testing.T) {
 	// Deleted while polling: the poll ends with 410.
 	id2, enc2 := mint(t, sim, "deleted-while-polling", "self-hosted")
 	ch := acquireAsync(t, ctx, sim, enc2)
-	waitFor(t, "runner online", func() bool { rs := sim.Runners(); return len(rs) == 1 && rs[0].Status == "online" })
+	testkit.Eventually(t, waitLimit, "runner online", func() bool { rs := sim.Runners(); return len(rs) == 1 && rs[0].Status == "online" })
 	if _, err := gh.Actions.RemoveOrganizationRunner(ctx, testOrg, id2); err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +295,7 @@ func TestCloseReleasesPollers(t *testing.T) {
 	sim, _ := newSim(t)
 	_, enc := mint(t, sim, "poller", "self-hosted")
 	ch := acquireAsync(t, context.Background(), sim, enc)
-	waitFor(t, "runner online", func() bool { return sim.Runners()[0].Status == "online" })
+	testkit.Eventually(t, waitLimit, "runner online", func() bool { return sim.Runners()[0].Status == "online" })
 	start := time.Now()
 	if err := sim.Close(); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-github/v62/github"
 
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/tests/ghsim"
 )
 
@@ -61,7 +62,7 @@ func findString(v any, key string) string {
 func TestQueuedWebhookSignedAndParsable(t *testing.T) {
 	sim, rc := newSim(t)
 	jobID := sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted", "linux", "gpu"}})
-	waitFor(t, "queued webhook", func() bool { return len(rc.all()) == 1 })
+	testkit.Eventually(t, waitLimit, "queued webhook", func() bool { return len(rc.all()) == 1 })
 	r := rc.all()[0]
 	if r.sigErr != nil {
 		t.Fatalf("ValidatePayload: %v", r.sigErr)
@@ -94,7 +95,7 @@ func TestWebhooksKeepProductionOrder(t *testing.T) {
 	for range 25 {
 		ids = append(ids, sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted"}}))
 	}
-	waitFor(t, "25 webhooks", func() bool { return len(rc.all()) == 25 })
+	testkit.Eventually(t, waitLimit, "25 webhooks", func() bool { return len(rc.all()) == 25 })
 	seen := map[string]bool{}
 	for i, r := range rc.all() {
 		var p struct {
@@ -113,12 +114,12 @@ func TestWebhooksKeepProductionOrder(t *testing.T) {
 func TestRedeliverKeepsDeliveryID(t *testing.T) {
 	sim, rc := newSim(t)
 	sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted"}})
-	waitFor(t, "first delivery", func() bool { return len(rc.all()) == 1 })
+	testkit.Eventually(t, waitLimit, "first delivery", func() bool { return len(rc.all()) == 1 })
 	id := sim.Deliveries()[0].ID
 	if err := sim.Redeliver(id); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "redelivery", func() bool { return len(rc.all()) == 2 })
+	testkit.Eventually(t, waitLimit, "redelivery", func() bool { return len(rc.all()) == 2 })
 	got := rc.all()
 	if got[1].delivery != id || string(got[1].body) != string(got[0].body) || got[1].sigErr != nil {
 		t.Fatalf("redelivery: %+v vs %+v", got[1], got[0])
@@ -136,13 +137,13 @@ func TestFailedDeliveriesAreRecordedNotRetried(t *testing.T) {
 	sim, rc := newSim(t)
 	rc.setStatus(http.StatusInternalServerError)
 	sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted"}})
-	waitFor(t, "failed delivery recorded", func() bool { d := sim.Deliveries(); return len(d) == 1 && d[0].Done })
+	testkit.Eventually(t, waitLimit, "failed delivery recorded", func() bool { d := sim.Deliveries(); return len(d) == 1 && d[0].Done })
 	if d := sim.Deliveries()[0]; d.StatusCode != 500 || d.Err != "" {
 		t.Fatalf("delivery: %+v", d)
 	}
 	rc.setStatus(http.StatusOK)
 	sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted"}})
-	waitFor(t, "second delivery", func() bool { d := sim.Deliveries(); return len(d) == 2 && d[1].Done })
+	testkit.Eventually(t, waitLimit, "second delivery", func() bool { d := sim.Deliveries(); return len(d) == 2 && d[1].Done })
 	if n := len(rc.all()); n != 2 {
 		t.Fatalf("receiver saw %d requests, want 2 (no retry)", n)
 	}
@@ -150,7 +151,7 @@ func TestFailedDeliveriesAreRecordedNotRetried(t *testing.T) {
 	// An unreachable endpoint is recorded with Err.
 	dead, _ := newSim(t, func(c *ghsim.Config) { c.WebhookURL = "http://127.0.0.1:1/webhook" })
 	dead.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted"}})
-	waitFor(t, "unreachable delivery recorded", func() bool { d := dead.Deliveries(); return len(d) == 1 && d[0].Done })
+	testkit.Eventually(t, waitLimit, "unreachable delivery recorded", func() bool { d := dead.Deliveries(); return len(d) == 1 && d[0].Done })
 	if d := dead.Deliveries()[0]; d.StatusCode != 0 || d.Err == "" {
 		t.Fatalf("unreachable delivery: %+v", d)
 	}

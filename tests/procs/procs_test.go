@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"fmt"
 	"github.com/berth-ci/berth/services/config"
+	"github.com/berth-ci/berth/services/testkit"
 	execbe "github.com/berth-ci/berth/services/vmagent/backends/exec"
 	"github.com/berth-ci/berth/tests/harness"
 	"go.yaml.in/yaml/v3"
@@ -75,14 +77,10 @@ func TestAProcessCanBeKilledAndRestarted(t *testing.T) {
 
 func awaitLine(t *testing.T, path, line string, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if b, _ := os.ReadFile(path); countLines(string(b), line) >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%q not printed %d times within 5s", line, n)
-		}
-	}
+	testkit.Eventually(t, 5*time.Second, fmt.Sprintf("%q printed %d times", line, n), func() bool {
+		b, _ := os.ReadFile(path)
+		return countLines(string(b), line) >= n
+	})
 }
 
 func countLines(s, line string) int {

@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"fmt"
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/config"
+	"github.com/berth-ci/berth/services/testkit"
 )
 
 // BL-01 (law 2, law 3): given a host whose stop step never returns, when a
@@ -55,17 +57,12 @@ func TestAWedgedStopBlocksNeitherTheCompletionHandlerNorTheWatchdogSweep(t *test
 		t.Errorf("watchdog loop idle for %s while a stop hangs", idle)
 	}
 	// Health is refreshed once a second: poll it, with a deadline.
-	var code int
-	var body map[string]any
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		code, body = w.healthz(w.f.Sys.WatchdogAddr)
-		if (code == 200 && listsAbandoned(body, a1)) || time.Now().After(deadline) {
-			break
+	testkit.Poll(t, w.ctx, 5*time.Second, 100*time.Millisecond, "watchdog /healthz 200 listing "+a1+" as abandoned", func(context.Context) error {
+		if code, body := w.healthz(w.f.Sys.WatchdogAddr); code != 200 || !listsAbandoned(body, a1) {
+			return fmt.Errorf("/healthz %d %v", code, body)
 		}
-	}
-	if code != 200 || !listsAbandoned(body, a1) {
-		t.Errorf("watchdog /healthz %d %v: want 200 listing %s as abandoned", code, body, a1)
-	}
+		return nil
+	})
 	if code, body := w.healthz(w.f.Sys.AgentAddrs["host-a"]); code != 200 {
 		t.Errorf("agent /healthz %d %v while one of its stops hangs", code, body)
 	}

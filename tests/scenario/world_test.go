@@ -22,6 +22,7 @@ import (
 	"github.com/berth-ci/berth/services/config"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/run"
+	"github.com/berth-ci/berth/services/testkit"
 	execbe "github.com/berth-ci/berth/services/vmagent/backends/exec"
 	"github.com/berth-ci/berth/tests/ghsim"
 	"github.com/berth-ci/berth/tests/harness"
@@ -568,39 +569,33 @@ func hostStatus(st events.Status, name string) events.HostStatus {
 // await polls cond until it holds or within passes.
 func (w *world) await(what string, within time.Duration, cond func() bool) {
 	w.t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			w.t.Fatalf("%s: not within %s\n%s", what, within, w.story())
+	testkit.Poll(w.t, w.ctx, within, 25*time.Millisecond, what, func(context.Context) error {
+		if cond() {
+			return nil
 		}
-		select {
-		case <-w.ctx.Done():
-			w.t.Fatalf("%s: test deadline passed\n%s", what, w.story())
-		case <-time.After(25 * time.Millisecond):
-		}
-	}
+		return storyErr{w, "not yet"}
+	})
 }
 
 // awaitNone polls check until it finds no problem, or fails with the last
 // problems it found.
 func (w *world) awaitNone(what string, within time.Duration, check func() []string) {
 	w.t.Helper()
-	var last []string
-	deadline := time.Now().Add(within)
-	for {
-		if last = check(); len(last) == 0 {
-			return
+	testkit.Poll(w.t, w.ctx, within, 25*time.Millisecond, what, func(context.Context) error {
+		if last := check(); len(last) > 0 {
+			return storyErr{w, "\n  " + strings.Join(last, "\n  ")}
 		}
-		if time.Now().After(deadline) {
-			w.t.Fatalf("%s: not within %s:\n  %s\n%s", what, within, strings.Join(last, "\n  "), w.story())
-		}
-		select {
-		case <-w.ctx.Done():
-			w.t.Fatalf("%s: test deadline passed: %v", what, last)
-		case <-time.After(25 * time.Millisecond):
-		}
-	}
+		return nil
+	})
 }
+
+// storyErr is a failed poll's error: its story is told only when printed.
+type storyErr struct {
+	w   *world
+	msg string
+}
+
+func (e storyErr) Error() string { return e.msg + "\n" + e.w.story() }
 
 // never polls cond for the whole window and fails if it ever holds.
 func (w *world) never(what string, during time.Duration, cond func() bool) {

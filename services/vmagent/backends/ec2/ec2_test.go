@@ -8,13 +8,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"go.uber.org/goleak"
 
+	"github.com/berth-ci/berth/services/clock"
 	"github.com/berth-ci/berth/services/vmagent/backend"
 	"github.com/berth-ci/berth/services/vmagent/backends/ec2"
 )
@@ -22,19 +22,6 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const jit = "eyJqaXQiOiJjb25maWcifQ=="
-
-// clock is a settable time source.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
 
 // newBackend returns a backend that talks to f over HTTP with static
 // credentials, with fast SDK retries; edit adjusts the options.
@@ -394,7 +381,7 @@ func TestStopTerminatesTheAttemptsInstance(t *testing.T) {
 }
 
 func TestStopCountsAVanishedOrTerminatedInstanceAsStopped(t *testing.T) {
-	c := &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	c := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	f := newFakeEC2(t)
 	b := newBackend(t, f, func(o *ec2.Options) { o.Now = c.Now; o.NotFoundGrace = time.Minute })
 
@@ -413,7 +400,7 @@ func TestStopCountsAVanishedOrTerminatedInstanceAsStopped(t *testing.T) {
 		}
 
 		// When it is stopped later, InvalidInstanceID.NotFound means gone.
-		c.Add(2 * time.Minute)
+		c.Advance(2 * time.Minute)
 		if err := b.Stop(bounded(t), v); err != nil {
 			t.Fatal(err)
 		}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"fmt"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/vmagent/backend"
 	"github.com/berth-ci/berth/services/vmagent/backends/exec"
 	"go.uber.org/goleak"
@@ -223,15 +225,14 @@ wait`)
 		"shell": readPID(t, filepath.Join(vm.WorkDir, "shell.pid")),
 		"sleep": readPID(t, filepath.Join(vm.WorkDir, "sleep.pid")),
 	}
-	deadline := time.Now().Add(5 * time.Second)
 	for name, pid := range pids {
-		for !gone(pid) {
-			if time.Now().After(deadline) {
+		t.Cleanup(func() {
+			if !gone(pid) {
 				syscall.Kill(pid, syscall.SIGKILL) // do not leave it behind
-				t.Fatalf("%s (pid %d) still runs after the step was abandoned", name, pid)
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		})
+		testkit.Eventually(t, 5*time.Second, fmt.Sprintf("%s (pid %d) gone after the step was abandoned", name, pid),
+			func() bool { return gone(pid) })
 	}
 }
 
@@ -295,11 +296,7 @@ func TestShippedSimRunnerScriptStopsWhatCreateStarted(t *testing.T) {
 	if err := b.Stop(ctx, vm); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); !gone(pid); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("runner pid %d still runs after stop", pid)
-		}
-	}
+	testkit.Eventually(t, 5*time.Second, fmt.Sprintf("runner pid %d gone after stop", pid), func() bool { return gone(pid) })
 	// And a second stop, with the work dir gone, is a harmless success.
 	if err := os.RemoveAll(vm.WorkDir); err != nil {
 		t.Fatal(err)

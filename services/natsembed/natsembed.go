@@ -1,7 +1,8 @@
-// Package eventlog is Berth's plumbing to NATS JetStream: the embedded
-// server, the stream, appending facts with idempotency and optimistic
-// concurrency, and following the log into a fold.
-package eventlog
+// Package natsembed starts a nats-server inside this process: the one of
+// `berth dev`, the demo's, and the tests'. Only wiring (services/run, the
+// commands, the demo) and tests import it; services reach NATS through a
+// client connection alone.
+package natsembed
 
 import (
 	"cmp"

@@ -64,25 +64,18 @@ func (p *Plan) Add(s ...Step) { *p = append(*p, s...) }
 
 // Facts lists the plan's facts of type T, in order, Then steps included:
 // how tests read a plan ("then these facts").
-func Facts[T Payload](p Plan) []T {
-	var out []T
-	for _, s := range p {
-		if v, ok := s.Fact.(T); ok {
-			out = append(out, v)
-		}
-		out = append(out, Facts[T](s.Then)...)
-	}
-	return out
-}
+func Facts[T Payload](p Plan) []T { return collect[T](p, func(s Step) any { return s.Fact }) }
 
 // Calls lists the plan's calls of type T, in order, Then steps included.
-func Calls[T Call](p Plan) []T {
+func Calls[T Call](p Plan) []T { return collect[T](p, func(s Step) any { return s.Call }) }
+
+func collect[T any](p Plan, part func(Step) any) []T {
 	var out []T
 	for _, s := range p {
-		if v, ok := s.Call.(T); ok {
+		if v, ok := part(s).(T); ok {
 			out = append(out, v)
 		}
-		out = append(out, Calls[T](s.Then)...)
+		out = append(out, collect[T](s.Then, part)...)
 	}
 	return out
 }

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"time"
 
 	"github.com/google/go-github/v62/github"
 )
@@ -63,13 +62,7 @@ func (m *GitHubMinter) Mint(ctx context.Context, r MintRequest) (int64, string, 
 		}
 		jit, resp, err = m.Client.Actions.GenerateOrgJITConfig(ctx, org, req)
 	}
-	if m.Budget != nil {
-		var hr *http.Response
-		if resp != nil {
-			hr = resp.Response
-		}
-		m.Budget.Observe(hr, err, time.Now())
-	}
+	m.Budget.ObserveAPI(resp, err)
 	if err != nil {
 		return 0, "", fmt.Errorf("generate JIT config for runner %s: %w", r.RunnerName, err)
 	}
@@ -93,13 +86,7 @@ func (m *GitHubMinter) Deregister(ctx context.Context, runnerID int64, org, repo
 		}
 		resp, err = m.Client.Actions.RemoveOrganizationRunner(ctx, org, runnerID)
 	}
-	if m.Budget != nil {
-		var hr *http.Response
-		if resp != nil {
-			hr = resp.Response
-		}
-		m.Budget.Observe(hr, err, time.Now())
-	}
+	m.Budget.ObserveAPI(resp, err)
 	switch {
 	case err == nil:
 		return nil

@@ -34,6 +34,19 @@ type Budget struct {
 // secondaryWait is GitHub's advice for a secondary limit without Retry-After.
 const secondaryWait = time.Minute
 
+// ObserveAPI is Observe for a go-github call's answer, now; a nil Budget
+// observes nothing.
+func (b *Budget) ObserveAPI(resp *github.Response, err error) {
+	if b == nil {
+		return
+	}
+	var hr *http.Response
+	if resp != nil {
+		hr = resp.Response
+	}
+	b.Observe(hr, err, time.Now())
+}
+
 // Observe reads one response (resp may be nil on a transport error).
 func (b *Budget) Observe(resp *http.Response, err error, now time.Time) {
 	if resp == nil {

@@ -3,7 +3,6 @@ package dispatch
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"sort"
 	"time"
 
@@ -83,13 +82,7 @@ func ReconcileFact(j *events.Job, s JobState) events.Payload {
 // JobState implements the reconcile read with go-github.
 func (m *GitHubMinter) JobState(ctx context.Context, owner, repo string, id int64) (JobState, error) {
 	j, resp, err := m.Client.Actions.GetWorkflowJobByID(ctx, owner, repo, id)
-	if m.Budget != nil {
-		var hr *http.Response
-		if resp != nil {
-			hr = resp.Response
-		}
-		m.Budget.Observe(hr, err, time.Now())
-	}
+	m.Budget.ObserveAPI(resp, err)
 	if err != nil {
 		return JobState{}, fmt.Errorf("get job %d: %w", id, err)
 	}
@@ -183,16 +176,7 @@ func (m *GitHubMinter) QueuedJobs(ctx context.Context, owner, repo string, runs 
 	return out, nil
 }
 
-func (m *GitHubMinter) observe(resp *github.Response, err error) {
-	if m.Budget == nil {
-		return
-	}
-	var hr *http.Response
-	if resp != nil {
-		hr = resp.Response
-	}
-	m.Budget.Observe(hr, err, time.Now())
-}
+func (m *GitHubMinter) observe(resp *github.Response, err error) { m.Budget.ObserveAPI(resp, err) }
 
 // findQueued runs off the loop: it lists each repository's queued jobs
 // (at most limit runs read a round in all) and appends, from the loop, a

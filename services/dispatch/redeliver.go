@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"sort"
 	"time"
 
@@ -156,16 +155,7 @@ func (g *GitHubRedeliverer) Redeliver(ctx context.Context, id int64) error {
 	return nil
 }
 
-func (g *GitHubRedeliverer) observe(resp *github.Response, err error) {
-	if g.Budget == nil {
-		return
-	}
-	var hr *http.Response
-	if resp != nil {
-		hr = resp.Response
-	}
-	g.Budget.Observe(hr, err, time.Now())
-}
+func (g *GitHubRedeliverer) observe(resp *github.Response, err error) { g.Budget.ObserveAPI(resp, err) }
 
 // Redelivery pacing: a GUID asked for is not asked for again for
 // redeliverAgainAfter (its redelivery may be on the way, or fail again);

@@ -1,0 +1,104 @@
+package eventlog_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/clock"
+	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/testkit"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+type mint string
+
+func (m mint) CallKey() string { return string(m) }
+
+// shellOn is a shell over a fresh log, with a fake clock.
+func shellOn(t *testing.T) (*eventlog.Shell, jetstream.JetStream, *clock.Fake) {
+	t.Helper()
+	_, js, _ := testkit.NATS(t)
+	testkit.Stream(t, js, eventlog.StreamConfig{})
+	fake := clock.NewFake(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC))
+	s := eventlog.NewShell(&eventlog.Loop{JS: js}, &eventlog.Appender{JS: js, Source: "test"}, fake, nil)
+	return s, js, fake
+}
+
+func stored(t *testing.T, js jetstream.JetStream) uint64 {
+	t.Helper()
+	last, err := eventlog.LastSeq(context.Background(), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return last
+}
+
+// Given a plan that books on a ledger the shell's fold is behind on, when
+// it is executed, then the booking conflicts, the ledger's later steps
+// (and the mint behind the booking) wait for the next round, and another
+// pool's ledger goes on.
+func TestAConflictedLedgerWaitsForTheNextRoundOthersGoOn(t *testing.T) {
+	s, js, _ := shellOn(t)
+	ctx := context.Background()
+	other := &eventlog.Appender{JS: js, Source: "another-writer"}
+	if _, _, err := other.Append(ctx, other.New(time.Now(), events.SlotReserved{Pool: "linux", Host: "h", Attempt: "berth-9-1", JobID: 9, N: 1}), nil); err != nil {
+		t.Fatal(err)
+	}
+	var calls []string
+	var plan events.Plan
+	plan.Add(
+		events.Step{Fact: events.SlotReserved{Pool: "linux", Host: "h", Attempt: "berth-1-1", JobID: 1, N: 1},
+			Then: []events.Step{events.Do(mint("mint berth-1-1"))}},
+		events.Fact(events.SlotReserved{Pool: "linux", Host: "h", Attempt: "berth-2-1", JobID: 2, N: 1}),
+		events.Step{Fact: events.SlotReserved{Pool: "macos", Host: "h", Attempt: "berth-3-1", JobID: 3, N: 1},
+			Then: []events.Step{events.Do(mint("mint berth-3-1"))}},
+	)
+	s.Execute(ctx, plan, func(_ context.Context, c events.Call) { calls = append(calls, c.CallKey()) })
+	if len(calls) != 1 || calls[0] != "mint berth-3-1" {
+		t.Fatalf("calls %v, want only the macos booking's mint", calls)
+	}
+	if got := stored(t, js); got != 2 {
+		t.Fatalf("%d facts in the log, want the other writer's and the macos booking", got)
+	}
+	// The shell folded its own ledger fact: the next booking on macos
+	// chains onto it without waiting for the consumer.
+	if l := s.Fold.Pools["macos"]; l == nil || l.LastSeq != 2 {
+		t.Fatalf("macos ledger at %+v, want seq 2 folded by the shell", l)
+	}
+}
+
+// Given a fact the shell appended, when the same plan is executed again
+// before the fact comes back through the log, then nothing is appended
+// twice; once it is folded, or once InFlightFor passes on the clock, the
+// mark is gone and a lost append would be decided again.
+func TestAnAppendedFactIsNotAppendedAgainWhileInFlight(t *testing.T) {
+	s, js, fake := shellOn(t)
+	ctx := context.Background()
+	lost := events.HostLost{HostChange: events.HostChange{Host: "h", At: fake.Now(), Reason: "silent"}}
+	plan := events.Plan{{Fact: lost, Key: "lost/h"}}
+	s.Execute(ctx, plan, nil)
+	later := lost
+	later.At = fake.Now().Add(time.Second) // another id, the same condition
+	s.Execute(ctx, events.Plan{{Fact: later, Key: "lost/h"}}, nil)
+	if got := stored(t, js); got != 1 {
+		t.Fatalf("%d facts, want 1: the condition's key keeps it from repeating", got)
+	}
+	if !s.InFlight("lost/h") {
+		t.Fatal("the condition is not in flight after its append")
+	}
+	fake.Advance(eventlog.DefaultInFlightFor)
+	s.Housekeep()
+	if s.InFlight("lost/h") {
+		t.Fatal("an in-flight mark outlived InFlightFor: a lost append would never be decided again")
+	}
+	// Folding the fact back also clears its mark.
+	s.Execute(ctx, events.Plan{{Fact: later, Key: "lost/h"}}, nil)
+	ev := s.Log.New(fake.Now(), later)
+	ev.Seq = 2
+	s.Apply(eventlog.Delivered{Event: ev})
+	if s.InFlight("lost/h") {
+		t.Fatal("a fact folded back is still in flight")
+	}
+}

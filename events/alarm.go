@@ -8,6 +8,9 @@ import (
 // Alarm kinds.
 const (
 	AlarmSlotLeak = "slot_leak" // held slots that no live attempt accounts for
+	// AlarmForgedFact: a fact stored where its payload does not stand, or
+	// by a role that may not write it (law 10): a credential is misused.
+	AlarmForgedFact = "forged_fact"
 )
 
 // AlarmRaised: the watchdog saw something an operator must look at. Key is

@@ -164,8 +164,12 @@ func (f *Fleet) Skip(seq uint64, subject string) {
 	if seq > f.LastSeq {
 		f.LastSeq = seq
 	}
-	if pool, ok := strings.CutPrefix(subject, SubjectPrefix+".pool."); ok && pool != "" && !strings.Contains(pool, ".") {
-		f.poolSeq(pool, seq)
+	// A pool's ledger is berth.evt.pool.<pool>.<role> (or, written before
+	// roles were in subjects, berth.evt.pool.<pool>).
+	if rest, ok := strings.CutPrefix(subject, SubjectPrefix+".pool."); ok {
+		if pool, _, _ := strings.Cut(rest, "."); pool != "" {
+			f.poolSeq(pool, seq)
+		}
 	}
 }
 

@@ -149,4 +149,5 @@ const (
 	MetricLogReactionPanicsTotal    = "berth_log_reaction_panics_total"
 	MetricLogConsumerPending        = "berth_log_consumer_pending"
 	MetricLogParkedTotal            = "berth_log_parked_total"
+	MetricLogRefusedTotal           = "berth_log_refused_total"
 )

@@ -65,6 +65,7 @@ var pinned = []struct{ name, got, want string }{
 	{"MetricLogReactionPanicsTotal", events.MetricLogReactionPanicsTotal, "berth_log_reaction_panics_total"},
 	{"MetricLogConsumerPending", events.MetricLogConsumerPending, "berth_log_consumer_pending"},
 	{"MetricLogParkedTotal", events.MetricLogParkedTotal, "berth_log_parked_total"},
+	{"MetricLogRefusedTotal", events.MetricLogRefusedTotal, "berth_log_refused_total"},
 }
 
 func TestContractValuesArePinned(t *testing.T) {

@@ -67,9 +67,21 @@ var ErrUnknownType = errors.New("unknown event type")
 // ErrMalformed marks bytes that are not a valid Berth envelope.
 var ErrMalformed = errors.New("malformed event")
 
-// New wraps a payload in an event stamped with source and time.
-func New(source string, at time.Time, p Payload) Event {
-	return Event{ID: p.EventID(), Source: source, Time: at.UTC(), Subject: p.EventSubject(), Data: p}
+// New wraps a payload in an event stamped with source and time, written
+// as its type's first author (NewBy with no role).
+func New(source string, at time.Time, p Payload) Event { return NewBy(source, "", at, p) }
+
+// NewBy wraps a payload written by role: stored on SubjectBy(p, role). An
+// empty role writes it as its type's first author (Authors): for tests and
+// tools that lay down a history; every service names its own role, and
+// the server's permissions hold each credential to it.
+func NewBy(source string, role Role, at time.Time, p Payload) Event {
+	if role == "" {
+		if as := authors[p.EventType()]; len(as) > 0 {
+			role = as[0]
+		}
+	}
+	return Event{ID: p.EventID(), Source: source, Time: at.UTC(), Subject: SubjectBy(p, role), Data: p}
 }
 
 // Marshal encodes the event as a structured-mode CloudEvents JSON envelope.

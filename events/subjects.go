@@ -11,12 +11,18 @@ import (
 // aggregate (Nats-Expected-Last-Subject-Sequence) and an operator can slice
 // the log with `nats sub` or `nats stream subjects`:
 //
-//	berth.evt.job.<job id>                 job facts from GitHub webhooks, job unschedulable
-//	berth.evt.pool.<pool>                  the pool's slot ledger: slot reserved / released
-//	berth.evt.attempt.<host>.<attempt id>  one placement's lifecycle on one host
-//	berth.evt.host.<host>                  host online / draining / lost / cordoned / uncordoned
-//	berth.evt.demand.<pool>                demand waiting for a slot
-//	berth.evt.alarm.<pool>                 alarms raised / cleared, scoped to a pool
+//	berth.evt.job.<job id>                        job facts from GitHub webhooks, job unschedulable
+//	berth.evt.pool.<pool>.<role>                  the pool's slot ledger: slot reserved / released
+//	berth.evt.attempt.<host>.<attempt id>.<role>  one placement's lifecycle on one host
+//	berth.evt.host.<host>.<role>                  host online / draining / lost / cordoned / uncordoned
+//	berth.evt.demand.<pool>                       demand waiting for a slot
+//	berth.evt.alarm.<pool>                        alarms raised / cleared, scoped to a pool
+//
+// An aggregate that several roles write (a pool's ledger, an attempt, a
+// host) ends in its author's role (authority.go): the server lets each role
+// publish only under its own token, and a reader confirms the author from
+// the subject. The functions below give an aggregate's subject without the
+// token; SubjectBy adds it, and the *Filter functions match every author.
 
 // JobSubject is the subject of a GitHub job's facts.
 func JobSubject(jobID int64) string {
@@ -30,6 +36,15 @@ func PoolSubject(pool string) string { return SubjectPrefix + ".pool." + pool }
 func AttemptSubject(host, attempt string) string {
 	return SubjectPrefix + ".attempt." + host + "." + attempt
 }
+
+// PoolFilter matches a pool's ledger, every author's facts.
+func PoolFilter(pool string) string { return PoolSubject(pool) + ".*" }
+
+// AttemptFilter matches one attempt's facts, every author's.
+func AttemptFilter(host, attempt string) string { return AttemptSubject(host, attempt) + ".*" }
+
+// HostFilter matches a host's own facts, every author's.
+func HostFilter(host string) string { return HostSubject(host) + ".*" }
 
 // HostAttemptsFilter matches every attempt placed on host: the agent's filter.
 func HostAttemptsFilter(host string) string { return SubjectPrefix + ".attempt." + host + ".>" }

@@ -53,7 +53,7 @@ func HostAction(ctx context.Context, js jetstream.JetStream, action, host, reaso
 	default:
 		return 0, fmt.Errorf("unknown host action %q", action)
 	}
-	app := &eventlog.Appender{JS: js, Source: "berth/cli"}
+	app := &eventlog.Appender{JS: js, Source: "berth/cli", Role: events.RoleCLI}
 	seq, _, err := app.Append(ctx, app.New(now, p), nil)
 	return seq, err
 }
@@ -120,7 +120,7 @@ func ReleaseAttempt(ctx context.Context, js jetstream.JetStream, attempt string,
 			return "", fmt.Errorf("attempt %s is running job %d (in progress): releasing it would stop that job; wait for it, or pass --force", a.ID, bound)
 		}
 	}
-	app := &eventlog.Appender{JS: js, Source: "berth/cli/" + Operator()}
+	app := &eventlog.Appender{JS: js, Source: "berth/cli/" + Operator(), Role: events.RoleCLI}
 	now := time.Now().UTC()
 	var done []string
 	if a.Held() {

@@ -52,13 +52,13 @@ func (f Filter) Subjects() []string {
 		if h == "" {
 			h = "*"
 		}
-		return []string{events.AttemptSubject(h, f.Attempt)}
+		return []string{events.AttemptFilter(h, f.Attempt)}
 	case f.Job != 0:
 		return []string{events.JobSubject(f.Job)}
 	case f.Host != "":
-		return []string{events.HostSubject(f.Host), events.HostAttemptsFilter(f.Host)}
+		return []string{events.HostFilter(f.Host), events.HostAttemptsFilter(f.Host)}
 	case f.Pool != "":
-		return []string{events.PoolSubject(f.Pool), events.DemandSubject(f.Pool), events.AlarmSubject(f.Pool)}
+		return []string{events.PoolFilter(f.Pool), events.DemandSubject(f.Pool), events.AlarmSubject(f.Pool)}
 	}
 	return []string{events.SubjectAll}
 }

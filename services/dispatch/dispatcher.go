@@ -157,7 +157,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 
 // Apply implements eventlog.Reactor.
 func (d *Dispatcher) Apply(del eventlog.Delivered) {
-	if del.Err == nil {
+	if d.Admit(del) == nil {
 		d.observeLatency(del.Event)
 	}
 	d.Shell.Apply(del)

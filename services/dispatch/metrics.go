@@ -85,6 +85,8 @@ func (m *Metrics) skipped(err error) {
 		reason = "unknown_type"
 	case errors.Is(err, eventlog.ErrPoison):
 		reason = "poison"
+	case errors.Is(err, events.ErrForged):
+		reason = "refused"
 	}
 	m.skippedTotal.WithLabelValues(reason).Inc()
 }

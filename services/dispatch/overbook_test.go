@@ -67,7 +67,7 @@ func TestADispatcherNeverBooksOnAFoldThatMissesItsOwnBooking(t *testing.T) {
 	apply(completed(1, "", "cancelled"), queued(2))
 	d.Decide(ctx) // job 1's reservation is not folded yet: the slot looks free
 
-	if n := in.stream(t, events.PoolSubject("linux")).State.Msgs; n != 3 {
+	if n := in.stream(t, events.PoolFilter("linux")).State.Msgs; n != 3 {
 		t.Fatalf("%d slot facts on the linux ledger, want the earlier 2 and 1 reservation for its 1 slot", n)
 	}
 }
@@ -121,7 +121,7 @@ func TestTheDispatcherMintsForItsBookingInTheSameRound(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no JIT config minted in the round that booked the slot")
 	}
-	if n := in.stream(t, events.PoolSubject("linux")).State.Msgs; n != 1 {
+	if n := in.stream(t, events.PoolFilter("linux")).State.Msgs; n != 1 {
 		t.Errorf("%d facts on the linux ledger, want the 1 booking", n)
 	}
 }
@@ -232,7 +232,7 @@ func TestAMintWhosePlacementWaitsIsNeverMintedTwice(t *testing.T) {
 		t.Fatal("no JIT config minted for the booking")
 	}
 	placements := func() uint64 {
-		return in.stream(t, events.AttemptSubject("h-a", attempt(1, 1))).State.Subjects[events.AttemptSubject("h-a", attempt(1, 1))]
+		return in.stream(t, events.AttemptFilter("h-a", attempt(1, 1))).State.Subjects[events.AttemptSubject("h-a", attempt(1, 1))+".dispatcher"]
 	}
 	testkit.Eventually(t, 5*time.Second, "the minted placement stored by a later round", func() bool {
 		if placements() > 0 {

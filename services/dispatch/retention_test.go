@@ -52,7 +52,7 @@ func TestBookingGoesOnAfterThePoolLedgersFactsExpired(t *testing.T) {
 	for i := range 6 { // jobs no pool serves: they only push the ledger out
 		put(queued(int64(100+i), "gpu"), nil)
 	}
-	if n := in.stream(t, events.PoolSubject("linux")).State.Subjects[events.PoolSubject("linux")]; n != 0 {
+	if n := in.stream(t, events.PoolFilter("linux")).State.Subjects[events.PoolSubject("linux")+".dispatcher"]; n != 0 {
 		t.Fatalf("the linux ledger still holds %d facts: the test needs them expired", n)
 	}
 	if got := d.Fleet().Pools["linux"].LastSeq; got != released {
@@ -63,7 +63,7 @@ func TestBookingGoesOnAfterThePoolLedgersFactsExpired(t *testing.T) {
 	d.Decide(ctx)
 	d.Decide(ctx) // a conflict is re-decided on the next turn; it must not recur
 
-	if n := in.stream(t, events.PoolSubject("linux")).State.Subjects[events.PoolSubject("linux")]; n != 1 {
+	if n := in.stream(t, events.PoolFilter("linux")).State.Subjects[events.PoolSubject("linux")+".dispatcher"]; n != 1 {
 		t.Errorf("the linux ledger holds %d facts after deciding with job 1 queued, want its booking", n)
 	}
 }

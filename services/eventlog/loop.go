@@ -69,6 +69,7 @@ type Loop struct {
 	panics      atomic.Uint64
 	truncated   atomic.Pointer[string]
 	parked      atomic.Uint64
+	refused     atomic.Uint64
 	inbox       chan func()
 	once        sync.Once
 	caughtUp    atomic.Bool
@@ -431,11 +432,14 @@ type LoopStats struct {
 	FollowerStats
 	Panics uint64 // deliveries whose Apply panicked
 	Parked uint64 // facts parked as poison after MaxDeliver deliveries
+	// Refused counts facts the shell refused: their subject does not
+	// confirm their payload or their author (events.ErrForged).
+	Refused uint64
 }
 
 // Stats reads the loop's counters; safe from any goroutine once Run started.
 func (l *Loop) Stats() LoopStats {
-	s := LoopStats{Panics: l.panics.Load(), Parked: l.parked.Load()}
+	s := LoopStats{Panics: l.panics.Load(), Parked: l.parked.Load(), Refused: l.refused.Load()}
 	if f := l.follower.Load(); f != nil {
 		s.FollowerStats = f.Stats()
 	}

@@ -54,6 +54,28 @@ func (l *Loop) park(ctx context.Context, d Delivered, cause error) {
 	}()
 }
 
+// Refuse records a fact the shell refused (events.ErrForged: its subject
+// does not confirm its payload or its author) like a poison fact: parked
+// with the reason, never folded, never delivered again.
+func (l *Loop) Refuse(d Delivered, cause error) {
+	l.refused.Add(1)
+	p := Parked{Reader: l.reader(), Seq: d.Event.Seq, Subject: d.Event.Subject, ID: d.Event.ID,
+		Type: d.Event.Type(), Deliveries: d.Deliveries, Error: cause.Error(), At: time.Now().UTC()}
+	slog.Error("fact refused and parked: the fold skips it; someone with write access to "+p.Subject+
+		" wrote what only another role may say; see `nats kv get "+events.BucketParked+" "+parkKey(p)+"` and docs/security.md",
+		"reader", p.Reader, "seq", p.Seq, "subject", p.Subject, "type", p.Type, "err", cause)
+	if l.JS == nil {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := l.storePark(ctx, p); err != nil {
+			slog.Warn("parking record not stored", "seq", p.Seq, "err", err)
+		}
+	}()
+}
+
 func parkKey(p Parked) string { return events.ParkedKey(p.Reader, p.Seq) }
 
 func (l *Loop) storePark(ctx context.Context, p Parked) error {

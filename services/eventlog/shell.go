@@ -42,8 +42,14 @@ type Shell struct {
 	// Stored, when set, is told of each step whose fact this shell stored.
 	Stored func(events.Step)
 	// Skipped, when set, is told of each delivery the fold could not read
-	// (an unknown type or version, a corrupt payload, a parked fact).
+	// (an unknown type or version, a corrupt payload, a parked fact) or
+	// refused (events.ErrForged).
 	Skipped func(error)
+	// Refused, when set, is told of each fact refused because its subject
+	// does not confirm its payload or its author (law 10).
+	Refused func(events.Event, error)
+
+	refused uint64
 
 	inflight map[string]time.Time // step key → when appended or called
 	keyOf    map[string]string    // event id → step key, until folded
@@ -66,9 +72,30 @@ func NewShell(loop *Loop, app *Appender, clk clock.Clock, logger *slog.Logger) *
 // Now is the shell's clock's time.
 func (s *Shell) Now() time.Time { return s.Clock.Now() }
 
+// Admit confirms a decoded delivery before anything reads it: its stored
+// subject must be the one its payload implies, written by a role allowed
+// to write its type (events.Authorize). A fact that fails is refused.
+func (s *Shell) Admit(d Delivered) error {
+	if d.Err != nil {
+		return d.Err
+	}
+	_, err := events.Authorize(d.Event)
+	return err
+}
+
+// RefusedTotal counts the facts this shell refused since it started.
+func (s *Shell) RefusedTotal() uint64 { return s.refused }
+
 // Apply folds one delivery, or skips and counts one the fold cannot read,
-// and forgets the in-flight mark of a fact that has come back.
+// refuses (counts, parks, alarms on) one its subject does not confirm, and
+// forgets the in-flight mark of a fact that has come back.
 func (s *Shell) Apply(d Delivered) {
+	if d.Err == nil {
+		if err := s.Admit(d); err != nil {
+			s.refuse(d, err)
+			return
+		}
+	}
 	if d.Err != nil {
 		if s.Skipped != nil {
 			s.Skipped(d.Err)
@@ -84,6 +111,22 @@ func (s *Shell) Apply(d Delivered) {
 	}
 	delete(s.keyOf, d.Event.ID)
 	delete(s.inflight, key)
+}
+
+// refuse never folds a forged fact; the fold still moves past its
+// sequence (a ledger's too, or every later booking there would conflict).
+func (s *Shell) refuse(d Delivered, err error) {
+	s.refused++
+	if s.Loop != nil {
+		s.Loop.Refuse(d, err)
+	}
+	if s.Skipped != nil {
+		s.Skipped(err)
+	}
+	if s.Refused != nil {
+		s.Refused(d.Event, err)
+	}
+	s.Fold.Skip(d.Event.Seq, d.Event.Subject)
 }
 
 // SaveFold implements Snapshotter.

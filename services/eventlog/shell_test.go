@@ -102,3 +102,45 @@ func TestAnAppendedFactIsNotAppendedAgainWhileInFlight(t *testing.T) {
 		t.Fatal("a fact folded back is still in flight")
 	}
 }
+
+// Given a slot held for a running attempt, when a fact its subject does not
+// confirm arrives (an agent's credential writing a release on its own
+// subject), then the shell refuses it: never folded, counted, told to the
+// Refused hook and parked with the reason (law 10; issue 16).
+func TestAForgedFactIsRefusedParkedAndNeverFolded(t *testing.T) {
+	s, js, fake := shellOn(t)
+	var told []string
+	s.Refused = func(e events.Event, err error) { told = append(told, e.Subject) }
+	ref := events.AttemptRef{Attempt: "berth-7-1", Pool: "linux", Host: "host-a"}
+	history := []events.Payload{
+		&events.HostOnline{Host: "host-a", PhysicalCap: 2, CurveKey: "X", Pools: map[string]events.PoolSlots{"linux": {Slots: 1}}},
+		&events.SlotReserved{Pool: "linux", Host: "host-a", Attempt: ref.Attempt, JobID: 7, N: 1},
+		&events.AttemptPlaced{AttemptRef: ref, JobID: 7, RunnerID: 1},
+	}
+	for i, p := range history {
+		e := events.New("test", fake.Now(), p)
+		e.Seq = uint64(i + 1)
+		s.Apply(eventlog.Delivered{Event: e})
+	}
+	forged := events.NewBy("berth/vmagent/host-a", events.RoleAgent, fake.Now(),
+		&events.SlotReleased{Pool: "linux", Host: "host-a", Attempt: ref.Attempt, Reason: "completed"})
+	forged.Subject, forged.Seq = "berth.evt.pool.linux.agent", 4
+	s.Apply(eventlog.Delivered{Event: forged})
+	if a := s.Fold.Attempts[ref.Attempt]; a == nil || !a.Held() {
+		t.Fatalf("a forged release was folded: %+v", a)
+	}
+	if s.RefusedTotal() != 1 || len(told) != 1 {
+		t.Fatalf("refused %d, told %v; want 1 each", s.RefusedTotal(), told)
+	}
+	if l := s.Fold.Pools["linux"]; l == nil || l.LastSeq != 4 {
+		t.Fatalf("the ledger's sequence did not move past the refused fact: %+v (every later booking would conflict)", l)
+	}
+	testkit.EventuallyErr(t, 10*time.Second, "a parking record for the refused fact", func() error {
+		kv, err := js.KeyValue(context.Background(), events.BucketParked)
+		if err != nil {
+			return err
+		}
+		_, err = kv.Get(context.Background(), events.ParkedKey("reader", 4))
+		return err
+	})
+}

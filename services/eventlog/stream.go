@@ -138,6 +138,12 @@ var ErrConflict = errors.New("optimistic concurrency conflict")
 type Appender struct {
 	JS     jetstream.JetStream
 	Source string // CloudEvents source, e.g. "berth/dispatcher/host-a"
+	// Role is the author every fact is written as: its token ends the
+	// subject of a fact on an aggregate several roles write, and the NATS
+	// permissions of the role's credential allow only that token. Every
+	// service sets it; empty writes each fact as its type's first author
+	// (tests and tools laying down a history).
+	Role events.Role
 	// Timeout bounds each publish (law 3); 0 means 5 s.
 	Timeout time.Duration
 }
@@ -174,9 +180,15 @@ func (a *Appender) Append(ctx context.Context, ev events.Event, expectSeq *uint6
 	}
 	msg := &nats.Msg{Subject: ev.Subject, Data: body, Header: nats.Header{}}
 	msg.Header.Set("Ce-Type", ev.Type())
+	filter := events.AggregateFilter(ev.Subject)
+	if expectSeq != nil && filter != ev.Subject {
+		// The aggregate spans one subject per author: the expected
+		// sequence is the last of any of them (NATS 2.11+).
+		msg.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, filter)
+	}
 	ack, err := a.JS.PublishMsg(ctx, msg, opts...)
 	if expectSeq != nil && *expectSeq != 0 && wrongLastSeq(err) {
-		if expired, xerr := subjectExpired(ctx, a.JS, ev.Subject, *expectSeq); xerr == nil && expired {
+		if expired, xerr := subjectExpired(ctx, a.JS, filter, *expectSeq); xerr == nil && expired {
 			opts[len(opts)-1] = jetstream.WithExpectLastSequencePerSubject(0)
 			ack, err = a.JS.PublishMsg(ctx, msg, opts...)
 		}
@@ -213,7 +225,7 @@ func subjectExpired(ctx context.Context, js jetstream.JetStream, subject string,
 	return seq < first, nil
 }
 
-// New stamps a payload as a fact from this appender's source.
+// New stamps a payload as a fact from this appender's source and role.
 func (a *Appender) New(at time.Time, p events.Payload) events.Event {
-	return events.New(a.Source, at, p)
+	return events.NewBy(a.Source, a.Role, at, p)
 }

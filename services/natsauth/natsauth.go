@@ -88,14 +88,16 @@ func Generate(hosts []string) (*Auth, error) {
 		role    string
 		publish []string
 	}{
-		{RoleDispatcher, []string{p + ".job.>", p + ".pool.>", p + ".attempt.>",
-			kv(events.BucketSnapshots, ">"), kv(events.BucketParked, ">")}},
-		{RoleWatchdog, []string{p + ".pool.>", p + ".attempt.>", p + ".host.>", p + ".demand.>", p + ".alarm.>",
-			kv(events.BucketSnapshots, ">"), kv(events.BucketParked, ">"), kv(events.BucketHeartbeats, events.HeartbeatProbeKey)}},
-		{RoleCLI, []string{p + ".host.>", p + ".pool.>", p + ".attempt.>"}},
+		{RoleDispatcher, append([]string{p + ".job.>"}, authored(events.RoleDispatcher, ".pool.*", ".attempt.*.*")...)},
+		{RoleWatchdog, append(authored(events.RoleWatchdog, ".pool.*", ".attempt.*.*", ".host.*"), p+".demand.>", p+".alarm.>")},
+		{RoleCLI, authored(events.RoleCLI, ".host.*", ".pool.*", ".attempt.*.*")},
+	}
+	kvs := map[string][]string{
+		RoleDispatcher: {kv(events.BucketSnapshots, ">"), kv(events.BucketParked, ">")},
+		RoleWatchdog:   {kv(events.BucketSnapshots, ">"), kv(events.BucketParked, ">"), kv(events.BucketHeartbeats, events.HeartbeatProbeKey)},
 	}
 	for _, r := range roles {
-		if err := add(r.role, Account, r.publish); err != nil {
+		if err := add(r.role, Account, append(r.publish, kvs[r.role]...)); err != nil {
 			return nil, err
 		}
 	}
@@ -104,9 +106,9 @@ func Generate(hosts []string) (*Auth, error) {
 			return nil, err
 		}
 		snap := events.SnapshotKeyAgent(h)
-		if err := add(AgentRole(h), Account, []string{events.HostSubject(h), events.HostAttemptsFilter(h),
+		if err := add(AgentRole(h), Account, append(authored(events.RoleAgent, ".host."+h, ".attempt."+h+".*"),
 			kv(events.BucketHeartbeats, h), kv(events.BucketSnapshots, snap), kv(events.BucketSnapshots, events.SnapshotParts(snap)),
-			kv(events.BucketParked, ">")}); err != nil {
+			kv(events.BucketParked, ">"))); err != nil {
 			return nil, err
 		}
 		a.Users[len(a.Users)-1].API = agentAPI(h)
@@ -115,6 +117,17 @@ func Generate(hosts []string) (*Auth, error) {
 		return nil, err
 	}
 	return a, nil
+}
+
+// authored is the subjects of the given aggregates (under the prefix) that
+// role writes: each ends in the role's token, the only one the server
+// lets it publish there (events/authority.go).
+func authored(role events.Role, aggregates ...string) []string {
+	out := make([]string, len(aggregates))
+	for i, a := range aggregates {
+		out[i] = events.SubjectPrefix + a + "." + string(role)
+	}
+	return out
 }
 
 // User returns the user of role, or nil.
@@ -175,7 +188,7 @@ var jsAPI = []string{"$JS.API.>", "$JS.ACK.>", "$JS.FC.>"}
 // reads nothing of other hosts' placements, jobs or bookings.
 func agentAPI(host string) []string {
 	const api, log = "$JS.API.", events.StreamName
-	own := []string{events.HostAttemptsFilter(host), events.HostSubject(host)}
+	own := []string{events.HostAttemptsFilter(host), events.HostFilter(host)}
 	out := []string{api + "INFO", api + "STREAM.INFO." + log, api + "STREAM.CREATE." + log, api + "STREAM.UPDATE." + log,
 		api + "CONSUMER.INFO." + log + ".*", api + "CONSUMER.DELETE." + log + ".*", api + "CONSUMER.MSG.NEXT." + log + ".*",
 		"$JS.ACK.>", "$JS.FC.>"}

@@ -62,8 +62,8 @@ func TestWrittenAuthorizationParsesWithOneKeyPerRole(t *testing.T) {
 	}
 	agent := byKey[a.User(natsauth.AgentRole("mac-1")).Public]
 	if agent.Account.Name != natsauth.Account || agent.Permissions == nil ||
-		!slices.Contains(agent.Permissions.Publish.Allow, "berth.evt.host.mac-1") ||
-		slices.Contains(agent.Permissions.Publish.Allow, "berth.evt.host.linux-1") {
+		!slices.Contains(agent.Permissions.Publish.Allow, "berth.evt.host.mac-1.agent") || slices.Contains(agent.Permissions.Publish.Allow, "berth.evt.host.mac-1.watchdog") ||
+		slices.Contains(agent.Permissions.Publish.Allow, "berth.evt.host.linux-1.agent") {
 		t.Errorf("mac-1's agent: account %v, permissions %+v", agent.Account, agent.Permissions)
 	}
 	if _, err := natsauth.Generate([]string{"bad.host"}); err == nil {

@@ -270,6 +270,8 @@ func loopMetrics(reg *prometheus.Registry, l *eventlog.Loop) {
 		}))
 	counter(events.MetricLogParkedTotal, "Poison facts parked in the "+events.BucketParked+" KV bucket and skipped by the fold.",
 		func(s eventlog.LoopStats) uint64 { return s.Parked })
+	counter(events.MetricLogRefusedTotal, "Facts refused because their subject does not confirm their payload or author (law 10), parked in "+events.BucketParked+".",
+		func(s eventlog.LoopStats) uint64 { return s.Refused })
 }
 
 // stuckAfter is how long a service may hold undelivered facts before health
@@ -289,7 +291,7 @@ func loopHealthy(l *eventlog.Loop) (bool, map[string]any) {
 	st := l.Stats()
 	return ok, map[string]any{"caught_up": l.CaughtUp(), "last_seq": l.LastSeq(), "loop_idle_seconds": stale.Seconds(),
 		"stuck": stuck, "undelivered": pending,
-		"parked_events": st.Parked, "consumer_recreated": st.Recreated, "log_truncated": l.Truncated()}
+		"parked_events": st.Parked, "refused_facts": st.Refused, "consumer_recreated": st.Recreated, "log_truncated": l.Truncated()}
 }
 
 // statusHandler serves the live projection's status (GET /status), the
@@ -342,7 +344,7 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	}
 	reg := registry()
 	metrics := dispatch.NewMetrics(reg)
-	app := &eventlog.Appender{JS: js, Source: "berth/dispatcher"}
+	app := &eventlog.Appender{JS: js, Source: "berth/dispatcher", Role: events.RoleDispatcher}
 	d, err := dispatch.New(&eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 500 * time.Millisecond,
 		SnapshotKey: events.SnapshotKeyDispatcher, Consumer: consumer("dispatcher"), Replicas: cfg.NATS.Replicas}, app, minter,
 		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts, Warm: warmPools(dc.WarmPools),
@@ -410,7 +412,7 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 	}
 	logger = logger.With("service", "watchdog")
 	wc := cfg.Watchdog
-	w := watchdog.New(js, &eventlog.Appender{JS: js, Source: "berth/watchdog"}, watchdog.Params{
+	w := watchdog.New(js, &eventlog.Appender{JS: js, Source: "berth/watchdog", Role: events.RoleWatchdog}, watchdog.Params{
 		ProvisionTimeout: wc.ProvisionTimeout, RegistrationTimeout: wc.RegistrationTimeout,
 		TeardownTimeout: wc.TeardownTimeout, MaxJobDuration: wc.MaxJobDuration, HostTTL: wc.HostTTL,
 		DemandWaitingAfter: wc.DemandWaitingAfter, DemandWaitingEvery: wc.DemandWaitingEvery, LeakGrace: wc.LeakGrace,
@@ -480,7 +482,7 @@ func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Age
 	if st := ac.Backend.Steps(); st != nil {
 		steps = *st
 	}
-	a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/" + ac.Host}, be, vmagent.Options{
+	a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/" + ac.Host, Role: events.RoleAgent}, be, vmagent.Options{
 		Host: ac.Host, Pools: pools, PhysicalCap: ac.PhysicalCap, DataDir: dataDir,
 		CreateTimeout: steps.CreateTimeout, StopTimeout: steps.StopTimeout, RetryBase: steps.RetryBase, Heartbeat: ac.Heartbeat, HeartbeatReplicas: cfg.NATS.Replicas, ShutdownTimeout: ac.ShutdownTimeout,
 		InventoryEvery: ac.InventoryEvery, OrphanGrace: ac.OrphanGrace, Logger: logger,

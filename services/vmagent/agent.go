@@ -179,7 +179,7 @@ func (a *Agent) Run(ctx context.Context) error {
 // until ctx ends.
 func (a *Agent) watchHost(ctx context.Context) {
 	defer a.wg.Done()
-	subject := events.HostSubject(a.opts.Host)
+	subject := events.HostFilter(a.opts.Host)
 	f := events.NewFleet()
 	for ctx.Err() == nil {
 		ch := make(chan eventlog.Delivered, 64)

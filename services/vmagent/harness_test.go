@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -222,7 +223,7 @@ func (h *harness) wait(t *testing.T, attempt, typ string) events.Event {
 
 func isFact(host, attempt, typ string) func(events.Event) bool {
 	return func(e events.Event) bool {
-		return e.Subject == events.AttemptSubject(host, attempt) && e.Type() == typ
+		return strings.HasPrefix(e.Subject, events.AttemptSubject(host, attempt)+".") && e.Type() == typ
 	}
 }
 

@@ -266,6 +266,32 @@ func (p *Plan) leakAlarms(f *events.Fleet, now time.Time, leaks map[string][]*ev
 	}
 }
 
+// Refusal is what the watchdog's shell refused since it started: facts
+// whose stored subject does not confirm their payload or their author.
+type Refusal struct {
+	Count   uint64
+	Seq     uint64
+	Subject string
+	Reason  string
+}
+
+// ForgedAlarm raises one fleet alarm while refused facts exist and none is
+// active; it is an incident an operator closes (docs/security.md), so it
+// is not cleared by itself.
+func ForgedAlarm(f *events.Fleet, now time.Time, r Refusal) []events.AlarmRaised {
+	key := events.AlarmForgedFact + "/fleet"
+	if r.Count == 0 {
+		return nil
+	}
+	if al := f.Alarms[key]; al != nil && al.Active {
+		return nil
+	}
+	return []events.AlarmRaised{{Key: key, Kind: events.AlarmForgedFact, Pool: "fleet", At: now,
+		Message: fmt.Sprintf("%d facts refused: a credential wrote what its role may not say; the last at seq %d on %s: %s; "+
+			"no service folded them; find the credential that can publish on that subject, rotate it (docs/security.md), "+
+			"and read the parked records with `nats kv ls %s`", r.Count, r.Seq, r.Subject, r.Reason, events.BucketParked)}}
+}
+
 func (p *Plan) release(a *events.Attempt, reason string) {
 	p.Release = append(p.Release, events.SlotReleased{Pool: a.Pool, Host: a.Host, Attempt: a.ID, Reason: reason, JobID: a.JobID})
 	if a.Placed && !a.TeardownReq {

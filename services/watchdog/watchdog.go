@@ -43,6 +43,7 @@ type Watchdog struct {
 	unheard     time.Time
 	watched     atomic.Int64 // when the heartbeat watcher last delivered anything (unix ns)
 	lastCompact time.Time
+	refusal     Refusal // facts refused since start (law 10), for the alarm
 	lastObserve time.Time
 	mu          sync.Mutex
 	health      Health
@@ -91,6 +92,9 @@ func New(js jetstream.JetStream, app *eventlog.Appender, p Params, clk clock.Clo
 	loop := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Gap: DecideGap}
 	w := &Watchdog{Shell: eventlog.NewShell(loop, app, clk, logger), js: js, params: p,
 		logger: logger, heartbeats: map[string]time.Time{}, heardNew: map[string]time.Time{}}
+	w.Refused = func(e events.Event, err error) {
+		w.refusal = Refusal{Count: w.refusal.Count + 1, Seq: e.Seq, Subject: e.Subject, Reason: err.Error()}
+	}
 	w.Crash = map[string][2]string{
 		events.TypeSlotReleased: {crashpoint.WatchdogBeforeRelease, crashpoint.WatchdogAfterRelease},
 	}
@@ -256,7 +260,9 @@ func (w *Watchdog) readHeartbeats(ctx context.Context, kv jetstream.KeyValue, in
 // and executes it.
 func (w *Watchdog) Decide(ctx context.Context) {
 	now := w.Now()
-	w.Execute(ctx, Decide(w.Fold, now, w.heard(now), w.params).Steps(), nil)
+	plan := Decide(w.Fold, now, w.heard(now), w.params)
+	plan.Raise = append(plan.Raise, ForgedAlarm(w.Fold, now, w.refusal)...)
+	w.Execute(ctx, plan.Steps(), nil)
 	w.housekeep(now)
 	// Health and gauges from a full status view once a second, not on
 	// every batch: the view is O(fleet).

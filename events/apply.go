@@ -32,6 +32,7 @@ func (f *Fleet) Apply(e Event) {
 		a := f.attempt(d.Attempt, d.Pool, d.Host)
 		f.touch(a, e.Time, func() {
 			a.Reserved, a.ReservedAt = true, e.Time
+			a.BookedSeq = max(a.BookedSeq, e.Seq)
 			a.N, a.Labels, a.Warm = d.N, d.Labels, a.Warm || d.Warm
 			if !d.Warm { // a warm VM's job comes from its claim
 				a.JobID = d.JobID
@@ -101,6 +102,7 @@ func (f *Fleet) Apply(e Event) {
 		a := f.attempt(d.Attempt, d.Pool, d.Host)
 		f.touch(a, e.Time, func() {
 			a.Warm, a.Claimed, a.ClaimedAt = true, true, e.Time
+			a.BookedSeq = max(a.BookedSeq, e.Seq)
 			if a.JobID == 0 {
 				a.JobID = d.JobID
 			}

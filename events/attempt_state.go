@@ -41,8 +41,12 @@ type Attempt struct {
 	ReadyAt, ClaimedAt, AssignedAt time.Time
 
 	ReservedAt, ReleasedAt, PlacedAt, ProvisioningAt time.Time
-	RunnerStartedAt, FailedAt, TeardownAt            time.Time
-	StoppedAt, AbandonedAt, LastAt                   time.Time
+	// BookedSeq is the stream sequence of the ledger fact that holds the
+	// slot: the booking, or a warm VM's claim (what a sealed placement
+	// names, package sealing).
+	BookedSeq                             uint64
+	RunnerStartedAt, FailedAt, TeardownAt time.Time
+	StoppedAt, AbandonedAt, LastAt        time.Time
 }
 
 // Held reports whether the attempt holds a slot of its pool.

@@ -51,7 +51,17 @@ const (
 	// Writer: any service's eventlog.Loop that parks a fact. Readers:
 	// operators (`nats kv ls berth_parked`).
 	BucketParked = "berth_parked"
+	// BucketTrust holds the keys a fleet trusts, one per key (see
+	// TrustKeyDispatcher). Writer: the admin only (`berth trust add`,
+	// or `berth dev` for its own dispatcher). Readers: every agent, before
+	// it opens a sealed JIT config.
+	BucketTrust = "berth_trust"
 )
+
+// TrustKeyDispatcher is the key in BucketTrust that trusts a dispatcher's
+// curve public key (the key its placements are sealed by):
+// "dispatcher.<public key>"; the value says whose it is.
+func TrustKeyDispatcher(pub string) string { return "dispatcher." + pub }
 
 // Snapshot keys in BucketSnapshots. The dispatcher's and the watchdog's
 // fold the whole log; an agent's folds only its host's subjects.

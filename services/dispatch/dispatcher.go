@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/berth-ci/berth/services/clock"
 	"github.com/berth-ci/berth/services/crashpoint"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/sealing"
 	"github.com/nats-io/nkeys"
 )
 
@@ -71,8 +74,12 @@ type Options struct {
 	// round also ask GitHub to redeliver failed workflow_job deliveries the
 	// log does not hold (config: dispatcher.reconcile_redeliver).
 	Redeliverer Redeliverer
-	Now         func() time.Time
-	Logger      *slog.Logger
+	// CurveSeedFile keeps the curve key placements are sealed by, so the
+	// key the admin trusts (berth_trust) survives a restart; "" makes a
+	// fresh key each start (tests).
+	CurveSeedFile string
+	Now           func() time.Time
+	Logger        *slog.Logger
 }
 
 // Dispatcher is the act shell around Decide: the embedded eventlog.Shell
@@ -127,9 +134,9 @@ func New(loop *eventlog.Loop, app *eventlog.Appender, m Minter, opts Options, me
 	if opts.Retention == 0 {
 		opts.Retention = 72 * time.Hour
 	}
-	kp, err := nkeys.CreateCurveKeys()
+	kp, err := curveKey(opts.CurveSeedFile)
 	if err != nil {
-		return nil, fmt.Errorf("curve key: %w", err)
+		return nil, err
 	}
 	pub, _ := kp.PublicKey()
 	d := &Dispatcher{Shell: eventlog.NewShell(loop, app, clock.WithNow(opts.Now), opts.Logger),
@@ -301,7 +308,7 @@ func (d *Dispatcher) mint(ctx context.Context, a *events.Attempt) {
 	d.MarkInFlight(key)
 	req := MintRequest{RunnerName: a.ID, Labels: a.Labels, Org: job.Org, Repo: job.Repo}
 	ref := events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}
-	jobID, sealTo, warm := a.JobID, host.CurveKey, a.Warm
+	jobID, sealTo, warm, booked := a.JobID, host.CurveKey, a.Warm, a.BookedSeq
 	logger := d.opts.Logger.With("attempt", a.ID, "pool", a.Pool, "host", a.Host, "job", a.JobID)
 	d.wg.Add(1)
 	go func() {
@@ -317,7 +324,8 @@ func (d *Dispatcher) mint(ctx context.Context, a *events.Attempt) {
 			return
 		}
 		crashpoint.Hit(crashpoint.DispatcherAfterMint)
-		sealed, err := d.curve.Seal([]byte(jit), sealTo)
+		sealed, err := sealing.Seal(d.curve, sealTo, sealing.Placement{Attempt: ref.Attempt, Host: ref.Host, Pool: ref.Pool,
+			JobID: jobID, BookedSeq: booked, JIT: []byte(jit)})
 		if err != nil {
 			logger.Error("sealing JIT config failed", "err", err)
 			return
@@ -334,6 +342,37 @@ func (d *Dispatcher) mint(ctx context.Context, a *events.Attempt) {
 		d.Loop.Post(ctx, func() { d.place(ctx, ref.Attempt) })
 	}()
 }
+
+// curveKey loads the dispatcher's sealing key from path, or makes one and
+// keeps it there (mode 0600).
+func curveKey(path string) (nkeys.KeyPair, error) {
+	if path == "" {
+		return nkeys.CreateCurveKeys()
+	}
+	if seed, err := os.ReadFile(path); err == nil {
+		kp, err := nkeys.FromCurveSeed(seed)
+		if err != nil {
+			return nil, fmt.Errorf("dispatcher curve key %s is corrupt: %w (delete it, start again, and have the admin trust the new key)", path, err)
+		}
+		return kp, nil
+	}
+	kp, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		return nil, err
+	}
+	seed, _ := kp.Seed()
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("dispatcher curve key: %w", err)
+	}
+	if err := os.WriteFile(path, seed, 0o600); err != nil {
+		return nil, fmt.Errorf("save dispatcher curve key: %w", err)
+	}
+	return kp, nil
+}
+
+// SealingKey is the curve public key placements are sealed by: what the
+// admin trusts (`berth trust add`).
+func (d *Dispatcher) SealingKey() string { return d.curvePub }
 
 // mintFailed records, on the loop, what a refused mint means for Decide:
 // a refusal gives the slot back (the job is booked again with a fresh

@@ -25,6 +25,7 @@ import (
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/httpx"
 	"github.com/berth-ci/berth/services/natsembed"
+	"github.com/berth-ci/berth/services/trust"
 	"github.com/berth-ci/berth/services/vmagent"
 	"github.com/berth-ci/berth/services/vmagent/backend"
 	"github.com/berth-ci/berth/services/watchdog"
@@ -225,15 +226,37 @@ func serve(ctx context.Context, s *System, name, addr string, h http.Handler) (s
 // they are named. A restart opens a new one anyway (the loop starts from its
 // snapshot); a killed process's consumer goes after its InactiveThreshold.
 func consumer(service string) *eventlog.Consumer {
-	inst := os.Getenv("BERTH_INSTANCE")
-	if inst == "" {
-		inst, _ = os.Hostname()
-	}
+	inst := instance()
 	nonce := strconv.FormatUint(uint64(time.Now().UnixNano())^uint64(os.Getpid())<<20+consumerSeq.Add(1), 36)
 	return &eventlog.Consumer{Name: "berth-" + service + "-" + consumerSafe(inst) + "-" + nonce}
 }
 
 var consumerSeq atomic.Uint64
+
+// instance names this process among replicas: BERTH_INSTANCE, else the
+// host name.
+func instance() string {
+	if inst := os.Getenv("BERTH_INSTANCE"); inst != "" {
+		return inst
+	}
+	inst, _ := os.Hostname()
+	return inst
+}
+
+// trustOwnKey publishes the dispatcher's sealing key in berth_trust where
+// this credential may (`berth dev`, a NATS without authorization); where
+// only the admin may, it says what the admin must run. Agents open only
+// placements sealed by a trusted key.
+func trustOwnKey(ctx context.Context, js jetstream.JetStream, pub string, logger *slog.Logger) {
+	tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := trust.AddDispatcher(tctx, js, pub, "dispatcher "+instance()); err != nil {
+		logger.Warn("this dispatcher's sealing key is not trusted yet: agents refuse its placements until the admin runs `berth trust add "+pub+"`",
+			"key", pub, "err", err)
+		return
+	}
+	logger.Info("sealing key trusted", "key", pub)
+}
 
 // consumerSafe keeps what a JetStream consumer name may hold.
 func consumerSafe(s string) string {
@@ -351,11 +374,12 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 			RegistrationTimeout: cfg.Watchdog.RegistrationTimeout, ProvisionTimeout: cfg.Watchdog.ProvisionTimeout}, MintTimeout: dc.MintTimeout,
 			Retention: cfg.Watchdog.Retention, Budget: budget, Logger: logger,
 			Reconcile:   dispatch.Reconcile{After: dc.ReconcileAfter, Every: dc.ReconcileEvery, Limit: dc.ReconcileLimit},
-			Redeliverer: redeliverer}, metrics)
+			Redeliverer: redeliverer, CurveSeedFile: filepath.Join(cfg.DataDir, "dispatcher", consumerSafe(instance()), "curve.seed")}, metrics)
 	if err != nil {
 		nc.Close()
 		return nil, "", err
 	}
+	trustOwnKey(ctx, js, d.SealingKey(), logger)
 	secret := config.Secret(dc.WebhookSecret, dc.WebhookSecretEnv)
 	if secret == "" {
 		nc.Close()
@@ -485,7 +509,7 @@ func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Age
 	a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/" + ac.Host, Role: events.RoleAgent}, be, vmagent.Options{
 		Host: ac.Host, Pools: pools, PhysicalCap: ac.PhysicalCap, DataDir: dataDir,
 		CreateTimeout: steps.CreateTimeout, StopTimeout: steps.StopTimeout, RetryBase: steps.RetryBase, Heartbeat: ac.Heartbeat, HeartbeatReplicas: cfg.NATS.Replicas, ShutdownTimeout: ac.ShutdownTimeout,
-		InventoryEvery: ac.InventoryEvery, OrphanGrace: ac.OrphanGrace, Logger: logger,
+		InventoryEvery: ac.InventoryEvery, OrphanGrace: ac.OrphanGrace, Logger: logger, Trust: &trust.Set{},
 	})
 	if err != nil {
 		nc.Close()

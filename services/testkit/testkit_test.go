@@ -100,7 +100,7 @@ func TestHistoryStampsFactsAsTheLogWould(t *testing.T) {
 		t.Fatalf("%d facts, want 11", len(evs))
 	}
 	for i, e := range evs {
-		if e.Seq != uint64(i+1) || e.Subject != e.Data.EventSubject() || e.ID != e.Data.EventID() ||
+		if e.Seq != uint64(i+1) || e.Subject != events.SubjectBy(e.Data, events.Authors(e.Type())[0]) || e.ID != e.Data.EventID() ||
 			!e.Time.Equal(testkit.T0.Add(time.Duration(i+1)*time.Second)) {
 			t.Fatalf("fact %d stamped %d %s %s %v", i+1, e.Seq, e.Subject, e.ID, e.Time)
 		}

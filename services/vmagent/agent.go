@@ -19,6 +19,8 @@ import (
 	"github.com/berth-ci/berth/services/clock"
 	"github.com/berth-ci/berth/services/crashpoint"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/sealing"
+	"github.com/berth-ci/berth/services/trust"
 	"github.com/berth-ci/berth/services/vmagent/backend"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -48,8 +50,12 @@ type Options struct {
 	// RetryBase is the first wait before a failed or overrun stop is tried
 	// again; it doubles up to 5 min. 0 means 5 s.
 	RetryBase time.Duration
-	Now       func() time.Time
-	Logger    *slog.Logger
+	// Trust holds the dispatchers' keys this agent accepts placements
+	// sealed by (kept current from berth_trust while the agent runs); nil
+	// accepts any sender (tests that seal with a key of their own).
+	Trust  *trust.Set
+	Now    func() time.Time
+	Logger *slog.Logger
 }
 
 // Agent is one host's vmagent.
@@ -148,6 +154,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	a.opts.Logger.Info("agent online", "pools", len(a.opts.Pools), "physical_cap", a.opts.PhysicalCap, "backend", a.backend.Name())
+	if a.opts.Trust != nil {
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			trust.Watch(ctx, a.js, a.opts.Trust, a.opts.Logger)
+		}()
+	}
 	if a.opts.ShutdownTimeout <= 0 {
 		a.wg.Add(2)
 		go a.heartbeat(ctx, kv)
@@ -267,11 +280,11 @@ func (a *Agent) call(ctx context.Context, c events.Call) {
 	var at *events.Attempt
 	switch c := c.(type) {
 	case CreateCall:
-		if at = a.Fold.Attempts[c.Attempt]; at != nil {
+		if at = a.Fold.Attempts[c.Attempt]; at != nil && a.trustRead(at) {
 			a.startCreate(ctx, at)
 		}
 	case AssignCall:
-		if at = a.Fold.Attempts[c.Attempt]; at != nil {
+		if at = a.Fold.Attempts[c.Attempt]; at != nil && a.trustRead(at) {
 			a.startAssign(ctx, at)
 		}
 	case StopCall:
@@ -285,6 +298,13 @@ func (a *Agent) call(ctx context.Context, c events.Call) {
 			a.opts.Logger.Warn("re-announce failed; will retry", "err", err)
 		}
 	}
+}
+
+// trustRead: a sealed placement waits until the trust bucket has been
+// read, so a just-started agent does not refuse what a trusted dispatcher
+// sealed; a warm boot carries nothing sealed.
+func (a *Agent) trustRead(at *events.Attempt) bool {
+	return a.opts.Trust == nil || a.opts.Trust.Ready() || (at.Warm && !at.Assigned)
 }
 
 // housekeep keeps the agent's memory flat in jobs served (law 5).
@@ -346,7 +366,7 @@ func (a *Agent) outcome(ctx context.Context, r events.AttemptRef, step string, e
 // under the create deadline (law 3). The runner has started when it returns.
 func (a *Agent) startAssign(ctx context.Context, at *events.Attempt) {
 	r := ref(at)
-	vm, sealed, sealedBy := a.vm(at), at.SealedJIT, at.SealedBy
+	vm, sealed, sealedBy, want := a.vm(at), at.SealedJIT, at.SealedBy, *at // copies: the goroutine must not read the fold
 	vm.Warm = true
 	a.creating[at.ID] = true
 	logger := a.opts.Logger.With("attempt", at.ID, "pool", at.Pool, "job", at.JobID)
@@ -354,7 +374,7 @@ func (a *Agent) startAssign(ctx context.Context, at *events.Attempt) {
 	go func() {
 		defer a.wg.Done()
 		start := time.Now()
-		jit, err := a.curve.Open(sealed, sealedBy)
+		jit, err := a.open(want, sealed, sealedBy)
 		if err == nil {
 			err = writeJIT(vm, jit)
 		}
@@ -383,7 +403,7 @@ func (a *Agent) startCreate(ctx context.Context, at *events.Attempt) {
 	if err := a.Append(ctx, events.AttemptProvisioning{AttemptRef: r}); err != nil {
 		return
 	}
-	vm, sealed, sealedBy, warm := a.vm(at), at.SealedJIT, at.SealedBy, at.Warm
+	vm, sealed, sealedBy, warm, want := a.vm(at), at.SealedJIT, at.SealedBy, at.Warm, *at // copies: the goroutine must not read the fold
 	if warm {
 		vm.Warm, vm.JITConfigFile = true, "" // booted now, handed its JIT config when a job claims it
 	}
@@ -399,7 +419,7 @@ func (a *Agent) startCreate(ctx context.Context, at *events.Attempt) {
 			err = os.MkdirAll(vm.WorkDir, 0o700)
 		} else {
 			var jit []byte
-			if jit, err = a.curve.Open(sealed, sealedBy); err == nil {
+			if jit, err = a.open(want, sealed, sealedBy); err == nil {
 				err = writeJIT(vm, jit)
 			}
 		}
@@ -511,6 +531,22 @@ func (a *Agent) stepLate(ctx context.Context, timeout time.Duration, fn func(con
 func (a *Agent) step(ctx context.Context, timeout time.Duration, fn func(context.Context) error) error {
 	err, _ := a.stepLate(ctx, timeout, fn)
 	return err
+}
+
+// open opens a placement's sealed JIT config only when a trusted
+// dispatcher sealed it for this very attempt and booking (law 10); a
+// refusal says why, and becomes the attempt's failure.
+func (a *Agent) open(at events.Attempt, sealed []byte, by string) ([]byte, error) {
+	var trusted func(string) bool
+	if a.opts.Trust != nil {
+		trusted = a.opts.Trust.Dispatcher
+	}
+	jit, err := sealing.Open(a.curve, sealed, by, trusted,
+		sealing.Placement{Attempt: at.ID, Host: at.Host, Pool: at.Pool, JobID: at.JobID})
+	if err != nil {
+		a.opts.Logger.Error("placement refused: not opened, no VM started", "attempt", at.ID, "job", at.JobID, "err", err)
+	}
+	return jit, err
 }
 
 func writeJIT(vm backend.VM, jit []byte) error {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/sealing"
 	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/vmagent"
 	"github.com/nats-io/nats.go/jetstream"
@@ -341,7 +342,7 @@ func TestAWarmVMBootsWithoutAJITConfigAndStartsItsRunnerOnAssign(t *testing.T) {
 	}
 
 	jit := []byte(`{"name":"berth-warm-linux-1","encoded_jit_config":"d2FybQ=="}`)
-	sealed, err := h.sealer.Seal(jit, h.agentKey)
+	sealed, err := sealing.Seal(h.sealer, h.agentKey, sealing.Placement{Attempt: id, Host: h.host, Pool: "linux", JobID: 77, BookedSeq: 1, JIT: jit})
 	if err != nil {
 		t.Fatal(err)
 	}

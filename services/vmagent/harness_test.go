@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/sealing"
 	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/vmagent"
 	"github.com/nats-io/nats.go/jetstream"
@@ -167,7 +168,7 @@ func (h *harness) append(t *testing.T, p events.Payload) {
 // agent's curve key, as the dispatcher does.
 func (h *harness) place(t *testing.T, host, attempt string, jobID int64, jit []byte) {
 	t.Helper()
-	sealed, err := h.sealer.Seal(jit, h.agentKey)
+	sealed, err := sealing.Seal(h.sealer, h.agentKey, sealing.Placement{Attempt: attempt, Host: host, Pool: "linux", JobID: jobID, BookedSeq: 1, JIT: jit})
 	if err != nil {
 		t.Fatal(err)
 	}

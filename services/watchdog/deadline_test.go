@@ -91,7 +91,7 @@ func releasedIn(ctx context.Context, t *testing.T, js jetstream.JetStream, pool,
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := s.GetLastMsgForSubject(ctx, events.PoolSubject(pool))
+	m, err := s.GetLastMsgForSubject(ctx, events.PoolFilter(pool))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,75 @@
+// Package sealing is how a JIT config travels through the log: the
+// dispatcher seals it, bound to the attempt it was minted for and the
+// booking that holds its slot, to the placed host's curve key (NATS xkeys:
+// X25519 + XSalsa20-Poly1305, authenticated by the sender's key); the
+// host's agent opens it only when the sender is a dispatcher the fleet
+// trusts (package trust) and what it opens matches the placement it came
+// in. A secret never enters the log in clear, and a credential that can
+// write a placement cannot make an agent start a runner for it.
+package sealing
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nkeys"
+)
+
+// Placement is the sealed plaintext: a JIT config and what it is for.
+type Placement struct {
+	Attempt string `json:"attempt"`
+	Host    string `json:"host"`
+	Pool    string `json:"pool"`
+	JobID   int64  `json:"job_id"`
+	// BookedSeq is the stream sequence of the ledger fact that holds the
+	// attempt's slot (its booking, or a warm VM's claim): law 1, attested
+	// by the dispatcher that read it.
+	BookedSeq uint64 `json:"booked_seq"`
+	JIT       []byte `json:"jit"`
+}
+
+// ErrUntrusted: the placement was sealed by a key the fleet does not trust.
+var ErrUntrusted = errors.New("placement sealed by a key that is not a trusted dispatcher's")
+
+// ErrMismatch: what was sealed is not what the placement says.
+var ErrMismatch = errors.New("sealed placement does not match the placement it came in")
+
+// Seal seals p with the dispatcher's curve key kp to the agent's curve
+// public key to.
+func Seal(kp nkeys.KeyPair, to string, p Placement) ([]byte, error) {
+	b, err := json.Marshal(p)
+	if err != nil {
+		return nil, err
+	}
+	return kp.Seal(b, to)
+}
+
+// Open opens a sealed placement with the agent's curve key kp. by is the
+// sender's curve public key (the fact's sealed_by); trusted says whether it
+// is a trusted dispatcher's; want is what the placement fact says. It
+// returns the JIT config, or an error wrapping ErrUntrusted or ErrMismatch
+// that says why it was refused.
+func Open(kp nkeys.KeyPair, sealed []byte, by string, trusted func(string) bool, want Placement) ([]byte, error) {
+	if trusted != nil && !trusted(by) {
+		return nil, fmt.Errorf("%w: %s (the admin trusts a dispatcher with `berth trust add`)", ErrUntrusted, by)
+	}
+	b, err := kp.Open(sealed, by)
+	if err != nil {
+		return nil, fmt.Errorf("open the sealed JIT config: %w", err)
+	}
+	var got Placement
+	if err := json.Unmarshal(b, &got); err != nil {
+		return nil, fmt.Errorf("%w: not a sealed placement: %v", ErrMismatch, err)
+	}
+	switch {
+	case got.Attempt != want.Attempt || got.Host != want.Host || got.Pool != want.Pool || got.JobID != want.JobID:
+		return nil, fmt.Errorf("%w: sealed for %s on %s (pool %s, job %d), placed as %s on %s (pool %s, job %d)", ErrMismatch,
+			got.Attempt, got.Host, got.Pool, got.JobID, want.Attempt, want.Host, want.Pool, want.JobID)
+	case got.BookedSeq == 0:
+		return nil, fmt.Errorf("%w: no booking named", ErrMismatch)
+	case len(got.JIT) == 0:
+		return nil, fmt.Errorf("%w: no JIT config", ErrMismatch)
+	}
+	return got.JIT, nil
+}

@@ -2,7 +2,10 @@ package dispatch_test
 
 import (
 	"bytes"
+	"crypto/sha1"
+	"crypto/sha512"
 	"encoding/json"
+	"mime"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -18,10 +21,12 @@ import (
 
 // How a fuzzed delivery is signed.
 const (
-	sigGood  uint8 = iota // X-Hub-Signature-256 of the body with the intake's secret
-	sigNone               // no signature header
-	sigWrong              // signed with another secret
-	sigSHA1               // only the legacy X-Hub-Signature (sha1=…), which Berth does not accept
+	sigGood        uint8 = iota // X-Hub-Signature-256 of the body with the intake's secret
+	sigNone                     // no signature header
+	sigWrong                    // signed with another secret
+	sigSHA1                     // only the legacy X-Hub-Signature: a correct sha1=…, which Berth does not accept
+	sigSHA1In256                // X-Hub-Signature-256: a correct sha1=… (go-github took it)
+	sigSHA512In256              // X-Hub-Signature-256: a correct sha512=… (go-github took it)
 )
 
 // FuzzWebhook posts arbitrary deliveries to the webhook intake, backed by a
@@ -32,12 +37,16 @@ const (
 //   - every answer is one of the documented codes, with a JSON body naming
 //     the outcome (and, for an error, a message): 200 only for a ping, 202
 //     stored / duplicate / ignored, 400 malformed, 401 bad signature, 413
-//     too large, 503 log unavailable;
-//   - a delivery not correctly signed is refused (401, or 413 when too big)
-//     and stores nothing;
-//   - a delivery stores at most one fact, only when it is a signed
-//     workflow_job answered 202 "stored"; the same delivery again stores
-//     nothing and is answered like a redelivery.
+//     too large; never a 5xx, since the log is reachable (503 is only for a
+//     log that is not, which GitHub's redelivery can cure);
+//   - a delivery not signed in X-Hub-Signature-256 with the secret (no
+//     signature, another secret, SHA-1 or SHA-512) is refused (401, or 413
+//     when too big) and stores nothing;
+//   - a delivery stores at most one fact, only when it is a workflow_job
+//     signed with the secret, its payload is a JSON object holding a
+//     workflow_job object, its delivery id is a short HTTP token, and it is
+//     answered 202 "stored"; the same delivery again stores nothing and is
+//     answered like a redelivery.
 //
 // The seeds are every payload in ../shared/fixtures/github/webhooks, signed
 // and not, truncated, corrupted and with odd headers; corpus entries the
@@ -67,6 +76,8 @@ func FuzzWebhook(f *testing.F) {
 		f.Add(event, id, sigNone, js, body)
 		f.Add(event, id, sigWrong, js, body)
 		f.Add(event, id, sigSHA1, js, body)
+		f.Add(event, id, sigSHA1In256, js, body)
+		f.Add(event, id, sigSHA512In256, js, body)
 		f.Add(event, id+"-truncated", sigGood, js, body[:len(body)/2])
 		f.Add(event, id+"-empty", sigGood, js, []byte{})
 		corrupt := bytes.Clone(body)
@@ -86,8 +97,22 @@ func FuzzWebhook(f *testing.F) {
 	}
 	f.Add("workflow_job", "huge", sigGood, "application/json",
 		[]byte(`{"action":"queued","pad":"`+strings.Repeat("x", dispatch.MaxWebhookBytes)+`"}`))
-	f.Add("workflow_job", "null", sigGood, "application/json", []byte("null"))
-	f.Add("workflow_job", "array", sigGood, "application/json", []byte("[]"))
+	for i, b := range []string{"null", " null ", "[]", `"s"`, "1", "true", "false", `{"action":"queued"}[]`} {
+		for _, event := range []string{"workflow_job", "ping", "workflow_run"} {
+			f.Add(event, "not-object-"+strconv.Itoa(i), sigGood, "application/json", []byte(b))
+		}
+	}
+	f.Add("ping", "form-null", sigGood, "application/x-www-form-urlencoded", []byte("payload=null"))
+	minimal := []byte(`{"action":"queued","workflow_job":{"id":11}}`)
+	for _, id := range []string{
+		strings.Repeat("0", 100<<10), strings.Repeat("d", dispatch.MaxHeaderBytes), strings.Repeat("d", dispatch.MaxHeaderBytes+1),
+		"0b989ba4-242f-11e5-81e1-c7b6966d2516", "a b", "a\x00b", "a\x7f", "é", "\xff", "a:b", "a/b", "!#$%&'*+-.^_`|~",
+	} {
+		f.Add("workflow_job", id, sigGood, "application/json", minimal)
+	}
+	f.Add(strings.Repeat("e", 100<<10), "long-event", sigGood, "application/json", minimal)
+	f.Add("workflow_job", "text-plain", sigGood, "text/plain", minimal)
+	f.Add("workflow_job", "json-charset", sigGood, "application/json; charset=utf-8", minimal)
 	f.Add("workflow_job", "labels-not-strings", sigGood, "application/json",
 		[]byte(`{"action":"queued","workflow_job":{"id":7,"labels":[1,2]}}`))
 	f.Add("workflow_job", "huge-id", sigGood, "application/json",
@@ -108,6 +133,10 @@ func FuzzWebhook(f *testing.F) {
 			t.Fatalf("one delivery stored %d facts: %+v", stored, first)
 		case stored == 1 && (first.code != http.StatusAccepted || first.outcome != "stored" || event != "workflow_job" || sig != sigGood):
 			t.Fatalf("a fact stored for a delivery answered %+v (event %q, signature mode %d)", first, event, sig)
+		case stored == 1 && !holdsWorkflowJob(contentType, body):
+			t.Fatalf("a fact stored for a body that is not a JSON object holding a workflow_job object: %.200q", body)
+		case stored == 1 && !shortToken(delivery):
+			t.Fatalf("a fact stored under the delivery id %.200q", delivery)
 		case stored == 0 && first.outcome == "stored":
 			t.Fatalf("answered %+v but nothing was stored", first)
 		}
@@ -147,7 +176,11 @@ func fuzzPost(t *testing.T, in *intake, event, delivery string, sig uint8, conte
 	case sigWrong:
 		r.Header.Set("X-Hub-Signature-256", sign([]byte("not-the-secret"), body))
 	case sigSHA1:
-		r.Header.Set("X-Hub-Signature", "sha1=0000000000000000000000000000000000000000")
+		r.Header.Set("X-Hub-Signature", hmacHex("sha1", sha1.New, secret, body))
+	case sigSHA1In256:
+		r.Header.Set("X-Hub-Signature-256", hmacHex("sha1", sha1.New, secret, body))
+	case sigSHA512In256:
+		r.Header.Set("X-Hub-Signature-256", hmacHex("sha512", sha512.New, secret, body))
 	}
 	w := httptest.NewRecorder()
 	in.h.ServeHTTP(w, r)
@@ -170,7 +203,6 @@ func checkReply(t *testing.T, r reply, event string, sig uint8, size int) {
 		http.StatusBadRequest:            {"bad_request"},
 		http.StatusUnauthorized:          {"unauthorized"},
 		http.StatusRequestEntityTooLarge: {"too_large"},
-		http.StatusServiceUnavailable:    {"unavailable"},
 	}
 	outcomes, ok := want[r.code]
 	if !ok {
@@ -182,6 +214,9 @@ func checkReply(t *testing.T, r reply, event string, sig uint8, size int) {
 	}
 	if !known {
 		t.Fatalf("answer %d with outcome %q, want one of %v", r.code, r.outcome, outcomes)
+	}
+	if r.code >= 500 {
+		t.Fatalf("%+v with a reachable log: a 5xx has GitHub deliver again, for nothing", r)
 	}
 	if r.code >= 400 && strings.TrimSpace(r.message) == "" {
 		t.Fatalf("error %d without a message telling why", r.code)
@@ -230,4 +265,38 @@ func TestOddEventHeadersAreCountedAsOther(t *testing.T) {
 			}
 		}
 	}
+}
+
+// holdsWorkflowJob is the test's own reading of a body: in the content type
+// given, a JSON object whose "workflow_job" is an object.
+func holdsWorkflowJob(contentType string, body []byte) bool {
+	payload := body
+	if mt, _, _ := mime.ParseMediaType(contentType); mt == "application/x-www-form-urlencoded" {
+		form, err := url.ParseQuery(string(body))
+		if err != nil {
+			return false
+		}
+		payload = []byte(form.Get("payload"))
+	}
+	var p map[string]json.RawMessage
+	if err := json.Unmarshal(payload, &p); err != nil || p == nil {
+		return false
+	}
+	var job map[string]json.RawMessage
+	return json.Unmarshal(p["workflow_job"], &job) == nil && job != nil
+}
+
+// shortToken: at most 128 bytes of RFC 9110 token characters.
+func shortToken(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		ok := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+			strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+		if !ok {
+			return false
+		}
+	}
+	return true
 }

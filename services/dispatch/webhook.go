@@ -1,31 +1,73 @@
 package dispatch
 
 import (
+	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
+	"mime"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/crashpoint"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/google/go-github/v62/github"
+	"github.com/nats-io/nats.go"
 )
 
 // MaxWebhookBytes is the largest body accepted (GitHub caps payloads at
 // 25 MB; workflow_job payloads are a few KiB, so 1 MiB is generous).
 const MaxWebhookBytes = 1 << 20
 
-// Intake is the POST /webhook handler. It checks the signature with
-// go-github's ValidatePayload (X-Hub-Signature-256, HMAC-SHA256 of the body
-// with the shared secret), stores workflow_job facts with the delivery id as
+// MaxHeaderBytes is the longest X-GitHub-Delivery or X-GitHub-Event
+// accepted. GitHub's delivery ids are GUIDs, 36 characters ("Delivery
+// headers", docs.github.com/en/webhooks/webhook-events-and-payloads), and its
+// longest event name is about 30; 128 leaves room for GitHub Enterprise
+// Server or a relay that prefixes its own, and keeps the Nats-Msg-Id, the
+// stored fact and the log lines small.
+const MaxHeaderBytes = 128
+
+// The headers the intake reads. X-GitHub-Hook-ID and the other delivery
+// headers are not read, so they are not judged either.
+const (
+	signatureHeader = "X-Hub-Signature-256"
+	sha1Header      = "X-Hub-Signature" // legacy HMAC-SHA1, refused
+	eventHeader     = "X-GitHub-Event"
+	deliveryHeader  = "X-GitHub-Delivery"
+)
+
+// Intake is the POST /webhook handler. It checks X-Hub-Signature-256 (and
+// only that header: "sha256=" and the hex HMAC-SHA256 of the raw body with
+// the shared secret, compared in constant time), reads the body as
+// application/json or GitHub's form encoding, requires the payload to be one
+// JSON object, stores workflow_job facts with the delivery id as
 // Nats-Msg-Id, and answers well inside GitHub's 10 s:
 //
-//	202 stored (or a duplicate delivery)    200 ping
-//	401 missing or wrong signature          413 body over 1 MiB
-//	400 unreadable payload or no delivery   503 log unavailable: redeliver later
+//	200 ping
+//	202 stored, duplicate (the delivery is already in the log), or ignored
+//	    (an event or action Berth does not track)
+//	400 signed but malformed: X-GitHub-Delivery or X-GitHub-Event missing,
+//	    over MaxHeaderBytes or not an HTTP token; a Content-Type other than
+//	    JSON or form; a body that is not a JSON object; a workflow_job
+//	    without a job id; a fact too large for the log's max_payload
+//	401 X-Hub-Signature-256 missing, malformed or wrong (a SHA-1
+//	    X-Hub-Signature alone is refused)
+//	413 body over 1 MiB
+//	503 the event log is unavailable: redeliver later
+//
+// Checks run in that order: size, signature, then everything else, so an
+// unsigned request learns nothing but 401 or 413. Every error body says what
+// to do next. A 5xx is only ever the log being unreachable, since GitHub's
+// redelivery (or reconcile_redeliver) can only help then.
 type Intake struct {
 	Secret  []byte
 	Log     *eventlog.Appender
@@ -34,35 +76,38 @@ type Intake struct {
 	Metrics *Metrics
 }
 
+// refusal is an answer other than 2xx, decided before anything is stored.
+type refusal struct {
+	code    int
+	outcome string
+	msg     string
+}
+
+func badRequest(format string, a ...any) *refusal {
+	return &refusal{http.StatusBadRequest, "bad_request", fmt.Sprintf(format, a...)}
+}
+
 func (in *Intake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		http.Error(w, "POST a GitHub webhook here", http.StatusMethodNotAllowed)
 		return
 	}
-	event, delivery := github.WebHookType(r), github.DeliveryID(r)
-	r.Body = http.MaxBytesReader(w, r.Body, MaxWebhookBytes)
-	body, err := github.ValidatePayload(r, in.Secret)
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			in.reply(w, http.StatusRequestEntityTooLarge, event, "", "too_large", "body over 1 MiB")
-			return
+	event, delivery := r.Header.Get(eventHeader), r.Header.Get(deliveryHeader)
+	payload, no := in.admit(w, r)
+	if no != nil {
+		if no.code == http.StatusUnauthorized {
+			in.Logger.Warn("webhook rejected: bad signature", "delivery", clip(delivery), "err", no.msg)
 		}
-		in.Logger.Warn("webhook rejected: bad signature", "delivery", delivery, "err", err)
-		in.reply(w, http.StatusUnauthorized, event, "", "unauthorized",
-			"signature missing or wrong: check that the webhook secret matches dispatcher.webhook_secret")
+		in.reply(w, no.code, event, "", no.outcome, no.msg)
 		return
 	}
-	if delivery == "" {
-		in.reply(w, http.StatusBadRequest, event, "", "bad_request", "X-GitHub-Delivery header missing")
-		return
-	}
-	parsed, err := github.ParseWebHook(event, body)
+	parsed, err := github.ParseWebHook(event, payload)
 	if err != nil {
 		if event == "workflow_job" || event == "ping" {
 			// A signed delivery we cannot read must not look delivered:
 			// GitHub shows a 400 as failed, and it can be redelivered.
-			in.reply(w, http.StatusBadRequest, event, "", "bad_request", "unreadable "+event+" payload: "+err.Error())
+			in.reply(w, http.StatusBadRequest, event, "", "bad_request",
+				"unreadable "+event+" payload: "+err.Error()+"; send GitHub's payload unchanged")
 			return
 		}
 		in.reply(w, http.StatusAccepted, event, "", "ignored", "event not handled: "+event)
@@ -72,34 +117,182 @@ func (in *Intake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case *github.PingEvent:
 		in.reply(w, http.StatusOK, event, "", "ping", e.GetZen())
 	case *github.WorkflowJobEvent:
-		if e.WorkflowJob == nil || e.GetWorkflowJob().GetID() <= 0 {
-			in.reply(w, http.StatusBadRequest, event, e.GetAction(), "bad_request", "workflow_job payload without a job id")
-			return
-		}
-		p := jobFact(delivery, e)
-		if p == nil {
-			in.reply(w, http.StatusAccepted, event, e.GetAction(), "ignored", "action not tracked")
-			return
-		}
-		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-		defer cancel()
-		seq, dup, err := in.Log.Append(ctx, in.Log.New(in.Now(), p), nil)
-		if err != nil {
-			in.Logger.Error("webhook not stored", "delivery", delivery, "err", err)
-			in.reply(w, http.StatusServiceUnavailable, event, e.GetAction(), "unavailable",
-				"event log unavailable; redeliver this delivery from the GitHub UI or API")
-			return
-		}
-		crashpoint.Hit(crashpoint.DispatcherAfterIntake)
-		outcome := "stored"
-		if dup {
-			outcome = "duplicate"
-		}
-		in.Logger.Debug("webhook stored", "delivery", delivery, "job", e.GetWorkflowJob().GetID(), "action", e.GetAction(), "seq", seq)
-		in.reply(w, http.StatusAccepted, event, e.GetAction(), outcome, "")
+		in.store(w, r, delivery, e)
 	default:
 		in.reply(w, http.StatusAccepted, event, "", "ignored", "event not handled: "+event)
 	}
+}
+
+// admit reads the body and decides whether the delivery may be read at all:
+// its size, its signature, its headers, its content type and its shape. It
+// returns the JSON payload, or why not.
+func (in *Intake) admit(w http.ResponseWriter, r *http.Request) ([]byte, *refusal) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxWebhookBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, &refusal{http.StatusRequestEntityTooLarge, "too_large",
+				"body over 1 MiB: Berth reads only workflow_job and ping; subscribe the webhook to those events only"}
+		}
+		return nil, badRequest("body unreadable (%v): redeliver it", err)
+	}
+	if no := checkSignature(r.Header, body, in.Secret); no != nil {
+		return nil, no
+	}
+	if no := checkToken(r.Header, deliveryHeader); no != nil {
+		return nil, no
+	}
+	if no := checkToken(r.Header, eventHeader); no != nil {
+		return nil, no
+	}
+	payload, no := payloadOf(r.Header.Get("Content-Type"), body)
+	if no != nil {
+		return nil, no
+	}
+	if !isObject(payload) {
+		return nil, badRequest("the payload is not a JSON object, and GitHub sends every payload as one: " +
+			"send GitHub's delivery unchanged")
+	}
+	return payload, nil
+}
+
+// checkSignature accepts exactly one X-Hub-Signature-256 header holding
+// "sha256=" and the hex HMAC-SHA256 of body with secret, compared in
+// constant time. go-github's ValidatePayload is not used: it falls back to
+// the SHA-1 X-Hub-Signature and takes any hash the prefix names.
+func checkSignature(h http.Header, body, secret []byte) *refusal {
+	unauthorized := func(msg string) *refusal {
+		return &refusal{http.StatusUnauthorized, "unauthorized", msg}
+	}
+	sigs := h.Values(signatureHeader)
+	switch {
+	case len(secret) == 0:
+		return unauthorized("the dispatcher has no webhook secret, so it cannot check X-Hub-Signature-256: " +
+			"set dispatcher.webhook_secret (or webhook_secret_env) to the webhook's secret")
+	case len(sigs) == 0 && h.Get(sha1Header) != "":
+		return unauthorized("X-Hub-Signature-256 required: the SHA-1 X-Hub-Signature is not accepted; " +
+			"GitHub sends X-Hub-Signature-256 whenever the webhook has a secret")
+	case len(sigs) == 0:
+		return unauthorized("X-Hub-Signature-256 missing: give the webhook a secret in GitHub, " +
+			"the same as dispatcher.webhook_secret")
+	case len(sigs) > 1:
+		return unauthorized("more than one X-Hub-Signature-256: send exactly one")
+	}
+	hexMAC, ok := strings.CutPrefix(sigs[0], "sha256=")
+	got, err := hex.DecodeString(hexMAC)
+	if !ok || err != nil || len(got) != sha256.Size {
+		return unauthorized("X-Hub-Signature-256 malformed: want sha256= followed by the 64 hex digits " +
+			"of the body's HMAC-SHA256")
+	}
+	m := hmac.New(sha256.New, secret)
+	m.Write(body)
+	if !hmac.Equal(got, m.Sum(nil)) {
+		return unauthorized("X-Hub-Signature-256 does not match the body: check that the webhook's secret " +
+			"in GitHub is dispatcher.webhook_secret")
+	}
+	return nil
+}
+
+// checkToken requires header to be present once, at most MaxHeaderBytes
+// long, and an HTTP token (RFC 9110, 5.6.2: letters, digits and
+// !#$%&'*+-.^_`|~): no whitespace, control character or non-ASCII byte can
+// reach a Nats-Msg-Id, a stored fact or a log line through it.
+func checkToken(h http.Header, header string) *refusal {
+	vs := h.Values(header)
+	switch {
+	case len(vs) == 0 || vs[0] == "":
+		return badRequest("%s header missing: GitHub sends it with every delivery; send the delivery unchanged", header)
+	case len(vs) > 1:
+		return badRequest("more than one %s header: send exactly one", header)
+	case len(vs[0]) > MaxHeaderBytes:
+		return badRequest("%s is %d bytes, over %d: GitHub's are far shorter (a delivery id is a 36-character GUID); "+
+			"send the delivery unchanged", header, len(vs[0]), MaxHeaderBytes)
+	}
+	for i := 0; i < len(vs[0]); i++ {
+		if !isTokenChar(vs[0][i]) {
+			return badRequest("%s holds %q at byte %d; only letters, digits and !#$%%&'*+-.^_`|~ are accepted "+
+				"(GitHub's are GUIDs and event names): send the delivery unchanged", header, vs[0][i], i)
+		}
+	}
+	return nil
+}
+
+func isTokenChar(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+// payloadOf returns the JSON a signed body carries in either content type
+// GitHub offers.
+func payloadOf(contentType string, body []byte) ([]byte, *refusal) {
+	mt, _, err := mime.ParseMediaType(contentType)
+	switch {
+	case err == nil && mt == "application/json":
+		return body, nil
+	case err == nil && mt == "application/x-www-form-urlencoded":
+		form, err := url.ParseQuery(string(body))
+		if err != nil {
+			return nil, badRequest("form body unreadable (%v): set the webhook's content type to application/json", err)
+		}
+		return []byte(form.Get("payload")), nil
+	}
+	return nil, badRequest("Content-Type %.64q not accepted: set the webhook's content type to application/json", contentType)
+}
+
+// isObject reports whether payload is exactly one JSON object.
+func isObject(payload []byte) bool {
+	t := bytes.TrimLeft(payload, " \t\r\n")
+	return len(t) > 0 && t[0] == '{' && json.Valid(payload)
+}
+
+// clip bounds a header value that was not checked yet for a log line.
+func clip(s string) string {
+	if len(s) > MaxHeaderBytes {
+		return s[:MaxHeaderBytes] + "…"
+	}
+	return s
+}
+
+// store appends the fact a signed, well-formed workflow_job delivery carries.
+func (in *Intake) store(w http.ResponseWriter, r *http.Request, delivery string, e *github.WorkflowJobEvent) {
+	const event = "workflow_job"
+	if e.WorkflowJob == nil || e.GetWorkflowJob().GetID() <= 0 {
+		in.reply(w, http.StatusBadRequest, event, e.GetAction(), "bad_request",
+			"workflow_job payload without a job id: send GitHub's payload unchanged")
+		return
+	}
+	p := jobFact(delivery, e)
+	if p == nil {
+		in.reply(w, http.StatusAccepted, event, e.GetAction(), "ignored", "action not tracked")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	seq, dup, err := in.Log.Append(ctx, in.Log.New(in.Now(), p), nil)
+	switch {
+	case errors.Is(err, nats.ErrMaxPayload):
+		// Not the log being down: the same delivery would fail again.
+		in.Logger.Warn("webhook not stored: fact over max_payload", "delivery", delivery, "err", err)
+		in.reply(w, http.StatusBadRequest, event, e.GetAction(), "bad_request",
+			"this job's fact is larger than the event log's max_payload (labels or names too long): "+
+				"shorten them, or raise max_payload in the NATS server's config")
+		return
+	case err != nil:
+		in.Logger.Error("webhook not stored", "delivery", delivery, "err", err)
+		in.reply(w, http.StatusServiceUnavailable, event, e.GetAction(), "unavailable",
+			"event log unavailable; redeliver this delivery from the GitHub UI or API")
+		return
+	}
+	crashpoint.Hit(crashpoint.DispatcherAfterIntake)
+	outcome := "stored"
+	if dup {
+		outcome = "duplicate"
+	}
+	in.Logger.Debug("webhook stored", "delivery", delivery, "job", e.GetWorkflowJob().GetID(), "action", e.GetAction(), "seq", seq)
+	in.reply(w, http.StatusAccepted, event, e.GetAction(), outcome, "")
 }
 
 func (in *Intake) reply(w http.ResponseWriter, code int, event, action, outcome, msg string) {

@@ -4,15 +4,20 @@ import (
 	"bytes"
 	"context"
 	"crypto/hmac"
+	"crypto/sha1"
 	"crypto/sha256"
+	"crypto/sha512"
 	"encoding/hex"
 	"encoding/json"
+	"hash"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -78,7 +83,13 @@ type intake struct {
 // newIntake serves the handler over a real embedded JetStream.
 func newIntake(t testing.TB) *intake {
 	t.Helper()
-	srv := testkit.Server(t, natsembed.EmbeddedConfig{})
+	return newIntakeOn(t, natsembed.EmbeddedConfig{})
+}
+
+// newIntakeOn serves the handler over a real embedded JetStream set up by cfg.
+func newIntakeOn(t testing.TB, cfg natsembed.EmbeddedConfig) *intake {
+	t.Helper()
+	srv := testkit.Server(t, cfg)
 	_, js := testkit.Connect(t, srv.ClientURL())
 	testkit.Stream(t, js, eventlog.StreamConfig{})
 	return &intake{srv: srv, js: js, h: &dispatch.Intake{
@@ -93,6 +104,7 @@ func newIntake(t testing.TB) *intake {
 type delivery struct {
 	event, id, signature string
 	body                 []byte
+	header               http.Header // more headers, set after the others (an empty value deletes one)
 }
 
 // signed is a delivery as GitHub sends it, signed with the intake's secret.
@@ -117,6 +129,14 @@ func (in *intake) post(t *testing.T, d delivery) reply {
 	}
 	if d.signature != "" {
 		r.Header.Set("X-Hub-Signature-256", d.signature)
+	}
+	for k, vs := range d.header {
+		r.Header.Del(k)
+		for _, v := range vs {
+			if v != "" {
+				r.Header.Add(k, v)
+			}
+		}
 	}
 	w := httptest.NewRecorder()
 	in.h.ServeHTTP(w, r)
@@ -240,7 +260,7 @@ func TestDeliveriesThatStoreNothing(t *testing.T) {
 	}{
 		{"unsigned", delivery{event: "workflow_job", id: "d-1", body: queued}, http.StatusUnauthorized, "unauthorized"},
 		{"wrong secret", wrong, http.StatusUnauthorized, "unauthorized"},
-		{"tampered body", delivery{"workflow_job", "d-3", sign(secret, queued), append([]byte(" "), queued...)}, http.StatusUnauthorized, "unauthorized"},
+		{"tampered body", delivery{event: "workflow_job", id: "d-3", signature: sign(secret, queued), body: append([]byte(" "), queued...)}, http.StatusUnauthorized, "unauthorized"},
 		{"over 1 MiB", signed("workflow_job", "d-4", huge), http.StatusRequestEntityTooLarge, "too_large"},
 		{"no delivery id", signed("workflow_job", "", queued), http.StatusBadRequest, "bad_request"},
 		{"ping", signed("ping", "d-5", fixture(t, "ping.json")), http.StatusOK, "ping"},
@@ -296,5 +316,212 @@ func TestLogDownAsksForRedelivery(t *testing.T) {
 	r := in.post(t, signed("workflow_job", "while-down", fixture(t, "workflow_job.queued.self-hosted.json")))
 	if r.code != http.StatusServiceUnavailable || !strings.Contains(r.message, "redeliver") {
 		t.Fatalf("NATS down: %+v, want 503 telling the operator to redeliver", r)
+	}
+}
+
+// hmacHex is "<prefix>=" and the hex HMAC of body under key with hash h.
+func hmacHex(prefix string, h func() hash.Hash, key, body []byte) string {
+	m := hmac.New(h, key)
+	m.Write(body)
+	return prefix + "=" + hex.EncodeToString(m.Sum(nil))
+}
+
+// Issue 16: go-github's ValidatePayload falls back to the SHA-1
+// X-Hub-Signature when X-Hub-Signature-256 is missing, and takes whatever
+// hash the prefix names (sha1, sha256, sha512) in either header. Given a
+// real workflow_job payload, when it comes with a correct signature of any
+// other form than X-Hub-Signature-256: sha256=<hex>, then it is refused with
+// 401, the message names the header Berth requires, and nothing is stored.
+func TestOnlyXHubSignature256IsAccepted(t *testing.T) {
+	body := fixture(t, "workflow_job.queued.self-hosted.json")
+	sha1Sig := hmacHex("sha1", sha1.New, secret, body)
+	cases := []struct {
+		name   string
+		header http.Header
+	}{
+		{"correct SHA-1 X-Hub-Signature alone", http.Header{"X-Hub-Signature": {sha1Sig}}},
+		{"correct SHA-1 X-Hub-Signature, wrong X-Hub-Signature-256", http.Header{
+			"X-Hub-Signature": {sha1Sig}, "X-Hub-Signature-256": {sign([]byte("not-the-secret"), body)}}},
+		{"sha1= in X-Hub-Signature-256", http.Header{"X-Hub-Signature-256": {sha1Sig}}},
+		{"sha512= in X-Hub-Signature-256", http.Header{"X-Hub-Signature-256": {hmacHex("sha512", sha512.New, secret, body)}}},
+		{"no prefix", http.Header{"X-Hub-Signature-256": {strings.TrimPrefix(sign(secret, body), "sha256=")}}},
+		{"SHA256= upper-case prefix", http.Header{"X-Hub-Signature-256": {"SHA256=" + strings.TrimPrefix(sign(secret, body), "sha256=")}}},
+		{"digest cut short", http.Header{"X-Hub-Signature-256": {sign(secret, body)[:40]}}},
+		{"digest with more after it", http.Header{"X-Hub-Signature-256": {sign(secret, body) + "00"}}},
+		{"two X-Hub-Signature-256, one right", http.Header{"X-Hub-Signature-256": {sign([]byte("x"), body), sign(secret, body)}}},
+		{"no signature at all", nil},
+	}
+	in := newIntake(t)
+	for i, c := range cases {
+		d := delivery{event: "workflow_job", id: "sig-" + strconv.Itoa(i), body: body, header: c.header}
+		r := in.post(t, d)
+		if r.code != http.StatusUnauthorized || r.outcome != "unauthorized" || !strings.Contains(r.message, "X-Hub-Signature-256") {
+			t.Errorf("%s: %+v, want 401 naming X-Hub-Signature-256", c.name, r)
+		}
+	}
+	if n := in.total(t); n != 0 {
+		t.Fatalf("%d fact(s) stored for deliveries without a valid X-Hub-Signature-256", n)
+	}
+	// The same payload with GitHub's header (upper-case hex decodes to the
+	// same digest) is stored.
+	upper := "sha256=" + strings.ToUpper(strings.TrimPrefix(sign(secret, body), "sha256="))
+	if r := in.post(t, delivery{event: "workflow_job", id: "sig-ok", signature: upper, body: body}); r.code != http.StatusAccepted || r.outcome != "stored" {
+		t.Fatalf("correctly signed: %+v, want 202 stored", r)
+	}
+}
+
+// Issue 16: a signed body that is not a JSON object (null, an array, a
+// string, a number, a boolean, nothing) was answered 200 or 202 for a ping
+// or an event Berth ignores. GitHub sends every payload as one JSON object,
+// so given such a body, signed, when it is posted as any event, then 400
+// with a message saying so, and nothing is stored.
+func TestSignedBodiesThatAreNotJSONObjectsAre400(t *testing.T) {
+	bodies := []string{"null", " null\n", "[]", `[{"action":"queued"}]`, `"workflow_job"`, "1", "true", "false", "", "{", `{"action":"queued"} {}`}
+	in := newIntake(t)
+	for _, event := range []string{"workflow_job", "ping", "workflow_run", "made_up"} {
+		for i, b := range bodies {
+			d := signed(event, event+"-"+strconv.Itoa(i), []byte(b))
+			r := in.post(t, d)
+			if r.code != http.StatusBadRequest || r.outcome != "bad_request" || !strings.Contains(r.message, "JSON object") {
+				t.Errorf("%s %q: %+v, want 400 saying the body is not a JSON object", event, b, r)
+			}
+		}
+	}
+	// The form encoding GitHub offers carries the JSON in "payload".
+	form := []byte("payload=null")
+	d := signed("ping", "form-null", form)
+	d.header = http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}
+	if r := in.post(t, d); r.code != http.StatusBadRequest || !strings.Contains(r.message, "JSON object") {
+		t.Errorf("form payload=null: %+v, want 400", r)
+	}
+	if n := in.total(t); n != 0 {
+		t.Fatalf("%d fact(s) stored for bodies that are not JSON objects", n)
+	}
+}
+
+// Issue 16: a 100 KB X-GitHub-Delivery became a 100 KB Nats-Msg-Id and the
+// append failed, so the answer was 503, which asks GitHub to deliver again,
+// forever. GitHub's delivery ids are GUIDs (36 characters); given a signed,
+// real payload, when a header Berth reads (X-GitHub-Delivery,
+// X-GitHub-Event) is over dispatch.MaxHeaderBytes or holds a character that
+// is not an HTTP token character (whitespace, a control character, a byte
+// outside ASCII), then 400 naming the header, never a 5xx, and nothing is
+// stored. Headers Berth does not read are not judged.
+func TestOversizedOrOddHeadersAre400(t *testing.T) {
+	body := fixture(t, "workflow_job.queued.self-hosted.json")
+	long := strings.Repeat("a", dispatch.MaxHeaderBytes+1)
+	bad := []struct {
+		name, event, id, header string
+	}{
+		{"100 KB delivery id", "workflow_job", strings.Repeat("0", 100<<10), "X-GitHub-Delivery"},
+		{"delivery id one byte over", "workflow_job", long, "X-GitHub-Delivery"},
+		{"delivery id with a space", "workflow_job", "0b989ba4 242f", "X-GitHub-Delivery"},
+		{"delivery id with a tab", "workflow_job", "0b989ba4\t242f", "X-GitHub-Delivery"},
+		{"delivery id with a newline", "workflow_job", "0b989ba4\nNats-Expected-Stream: x", "X-GitHub-Delivery"},
+		{"delivery id with NUL", "workflow_job", "0b989ba4\x00", "X-GitHub-Delivery"},
+		{"delivery id with DEL", "workflow_job", "0b989ba4\x7f", "X-GitHub-Delivery"},
+		{"delivery id not ASCII", "workflow_job", "0b989ba4-é", "X-GitHub-Delivery"},
+		{"delivery id not UTF-8", "workflow_job", "0b989ba4-\xff", "X-GitHub-Delivery"},
+		{"delivery id with a colon", "workflow_job", "a:b", "X-GitHub-Delivery"},
+		{"100 KB event", strings.Repeat("e", 100<<10), "ev-1", "X-GitHub-Event"},
+		{"event with a space", "workflow job", "ev-2", "X-GitHub-Event"},
+		{"event with a newline", "workflow_job\n", "ev-3", "X-GitHub-Event"},
+		{"no event", "", "ev-4", "X-GitHub-Event"},
+	}
+	in := newIntake(t)
+	for _, c := range bad {
+		r := in.post(t, signed(c.event, c.id, body))
+		if r.code != http.StatusBadRequest || r.outcome != "bad_request" || !strings.Contains(r.message, c.header) {
+			t.Errorf("%s: %d %s %.200q, want 400 naming %s", c.name, r.code, r.outcome, r.message, c.header)
+		}
+	}
+	if n := in.total(t); n != 0 {
+		t.Fatalf("%d fact(s) stored for deliveries with bad headers", n)
+	}
+
+	// GitHub's own example delivery id, the longest accepted one, and a
+	// 100 KB header Berth does not read are all fine.
+	var headers map[string]map[string]any
+	if err := json.Unmarshal(fixture(t, "headers.openapi-example.json"), &headers); err != nil {
+		t.Fatal(err)
+	}
+	guid := headers["workflow-job-queued"]["X-GitHub-Delivery"].(string)
+	hookID := delivery{event: "workflow_job", id: "hook-id", signature: sign(secret, body), body: body,
+		header: http.Header{"X-Github-Hook-Id": {strings.Repeat("9", 100<<10)}}}
+	for i, d := range []delivery{signed("workflow_job", guid, body), signed("workflow_job", long[1:], body), hookID} {
+		if r := in.post(t, d); r.code != http.StatusAccepted {
+			t.Errorf("good delivery %d: %+v, want 202", i, r)
+		}
+	}
+	if n := in.total(t); n != 3 {
+		t.Fatalf("%d fact(s), want 3 (one per delivery)", n)
+	}
+}
+
+// A signed workflow_job of at most 1 MiB whose fact does not fit in one NATS
+// message is not the log being unavailable, and a 503 would have GitHub
+// deliver it again for nothing. Given a log with nats-server's default
+// max_payload (1 MiB), when a signed delivery of exactly 1 MiB that is all
+// labels is posted, then 400, not 503, and nothing is stored.
+func TestFactTooLargeForTheLogIs400(t *testing.T) {
+	const head, tail = `{"action":"queued","workflow_job":{"id":77,"labels":["`, `"]}}`
+	pad := dispatch.MaxWebhookBytes - len(head) - len(tail)
+	body := []byte(head + strings.Repeat("x", pad) + tail)
+	in := newIntakeOn(t, natsembed.EmbeddedConfig{MaxPayload: 1 << 20})
+	r := in.post(t, signed("workflow_job", "big-labels", body))
+	if r.code != http.StatusBadRequest || r.outcome != "bad_request" || !strings.Contains(r.message, "max_payload") {
+		t.Fatalf("%+v, want 400 naming max_payload", r)
+	}
+	if n := in.total(t); n != 0 {
+		t.Fatalf("%d fact(s) stored", n)
+	}
+}
+
+// Content types: GitHub offers application/json and
+// application/x-www-form-urlencoded (the JSON in "payload"); both are read.
+// Anything else, signed, is a 400 that says which to choose, not a 401.
+func TestContentTypes(t *testing.T) {
+	body := fixture(t, "workflow_job.queued.json")
+	form := []byte("payload=" + url.QueryEscape(string(body)))
+	in := newIntake(t)
+	fd := signed("workflow_job", "form", form)
+	fd.header = http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}
+	if r := in.post(t, fd); r.code != http.StatusAccepted || r.outcome != "stored" {
+		t.Fatalf("form-encoded: %+v, want 202 stored", r)
+	}
+	for i, ct := range []string{"text/plain", "", "application/json; charset=utf-8"} {
+		d := signed("workflow_job", "ct-"+strconv.Itoa(i), body)
+		d.header = http.Header{"Content-Type": {ct}}
+		r := in.post(t, d)
+		if ct == "application/json; charset=utf-8" {
+			if r.code != http.StatusAccepted {
+				t.Errorf("Content-Type %q: %+v, want 202", ct, r)
+			}
+			continue
+		}
+		if r.code != http.StatusBadRequest || !strings.Contains(r.message, "application/json") {
+			t.Errorf("Content-Type %q: %+v, want 400 naming application/json", ct, r)
+		}
+	}
+}
+
+// go-github's ValidatePayload checks nothing when both the secret and the
+// signature are empty. run refuses to start without a secret, but the
+// handler does not rely on it: given an intake with no secret, when an
+// unsigned (or empty-key-signed) delivery comes, then 401 naming the setting.
+func TestNoSecretRefusesEverything(t *testing.T) {
+	in := newIntake(t)
+	in.h.Secret = nil
+	body := fixture(t, "workflow_job.queued.self-hosted.json")
+	for i, d := range []delivery{
+		{event: "workflow_job", id: "nosecret-1", body: body},
+		{event: "workflow_job", id: "nosecret-2", signature: sign(nil, body), body: body},
+	} {
+		if r := in.post(t, d); r.code != http.StatusUnauthorized || !strings.Contains(r.message, "webhook_secret") {
+			t.Errorf("delivery %d: %+v, want 401 naming webhook_secret", i, r)
+		}
+	}
+	if n := in.total(t); n != 0 {
+		t.Fatalf("%d fact(s) stored without a secret", n)
 	}
 }

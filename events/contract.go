@@ -100,9 +100,11 @@ const HeartbeatProbeKey = "watchdog.probe"
 // Heartbeat is one agent's liveness record: the JSON value stored in
 // BucketHeartbeats under the host's name. Heartbeats are not facts: they
 // would flood the log. Writer: the host's vmagent, every heartbeat interval
-// (5 s by default). Readers: the watchdog, which reads At to judge a host
-// lost after its silence, and `berth status`, which shows At as the host's
-// last heartbeat.
+// (5 s by default), each time a new revision of its key. Readers: the
+// watchdog, which judges a host lost when it has seen no new revision for
+// the host TTL on its own clock (At is never compared with its clock for
+// that; it only reports At minus its clock as the host's clock skew), and
+// `berth status`, which shows At as the host's last heartbeat.
 type Heartbeat struct {
 	Host    string    `json:"host"`
 	Boot    string    `json:"boot"` // changes on every agent start
@@ -149,6 +151,10 @@ const (
 	MetricHostAbandonedVMs         = "berth_host_abandoned_vms"
 	MetricHostPhysicalCap          = "berth_host_physical_cap"
 	MetricHostCordoned             = "berth_host_cordoned"
+	// MetricHostClockSkewSeconds: a host agent's clock minus the
+	// watchdog's, seen when its heartbeat changes; negative when the agent
+	// is behind. Reported, never acted on (law 10).
+	MetricHostClockSkewSeconds = "berth_host_clock_skew_seconds"
 )
 
 // Event log consumer metrics, one set per service (dispatcher, watchdog,

@@ -60,6 +60,7 @@ var pinned = []struct{ name, got, want string }{
 	{"MetricHostAbandonedVMs", events.MetricHostAbandonedVMs, "berth_host_abandoned_vms"},
 	{"MetricHostPhysicalCap", events.MetricHostPhysicalCap, "berth_host_physical_cap"},
 	{"MetricHostCordoned", events.MetricHostCordoned, "berth_host_cordoned"},
+	{"MetricHostClockSkewSeconds", events.MetricHostClockSkewSeconds, "berth_host_clock_skew_seconds"},
 
 	{"MetricLogRedeliveredTotal", events.MetricLogRedeliveredTotal, "berth_log_redelivered_total"},
 	{"MetricLogConsumerRecreatedTotal", events.MetricLogConsumerRecreatedTotal, "berth_log_consumer_recreated_total"},

@@ -62,7 +62,8 @@ func (j *Job) Demand() bool {
 	return (j.Status == StatusQueued || (j.Status == StatusInProgress && j.Conflict != "")) && !j.Unschedulable
 }
 
-// HostState is the liveness of a host, last writer (by event time) wins.
+// HostState is the liveness of a host: the fact stored last in the log wins
+// (by stream sequence, never by its time).
 type HostState string
 
 const (
@@ -90,7 +91,7 @@ type Host struct {
 	LiveVMs      int            // VMs that exist (provisioning … stopped), abandoned ones included
 	AbandonedVMs int            // abandoned and not yet seen stopped
 	Booked       int            // attempts holding a slot or a VM: what physical placement must count
-	OnlineAt     time.Time      // time of the newest online advertisement
+	OnlineAt     time.Time      // the time on the advertisement stored last (display only)
 
 	online, state, cordon stamp
 }
@@ -116,7 +117,7 @@ type Alarm struct {
 
 // Fleet is the projection every service folds from the log. Apply is pure,
 // idempotent and insensitive to the order of events (each field is either a
-// forward-only state, a set flag, or last-writer-wins by event time), so a
+// forward-only state, a set flag, or last-writer-wins by stream sequence), so a
 // replay, a duplicate or a late redelivery cannot move it backwards.
 type Fleet struct {
 	Jobs     map[int64]*Job
@@ -157,8 +158,14 @@ func NewFleet() *Fleet {
 	}
 }
 
-// stamp orders facts for last-writer-wins fields: event time, then stream
-// sequence, then id, so any permutation of the same facts folds the same.
+// stamp orders facts for last-writer-wins fields (host state, its
+// announcement and cordon, alarms): the stream sequence decides, so the
+// fact the log stored last wins (law 10: order comes from the log, never
+// from a writer's clock; a HostLost stamped an hour ahead must not outlive
+// the re-announcements stored after it). A fact's own time is data for
+// display and deadlines, not a key. Time, then id, only break ties between
+// facts without a sequence (folded by hand, in tests), so any permutation
+// of the same facts still folds the same.
 type stamp struct {
 	at  time.Time
 	seq uint64
@@ -168,11 +175,11 @@ type stamp struct {
 func stampOf(e Event) stamp { return stamp{e.Time, e.Seq, e.ID} }
 
 func (s stamp) after(o stamp) bool {
-	if !s.at.Equal(o.at) {
-		return s.at.After(o.at)
-	}
 	if s.seq != o.seq {
 		return s.seq > o.seq
+	}
+	if !s.at.Equal(o.at) {
+		return s.at.After(o.at)
 	}
 	return s.id > o.id
 }

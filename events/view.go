@@ -74,6 +74,11 @@ type HostStatus struct {
 	Slots         map[string]int `json:"slots"`
 	Held          map[string]int `json:"held"`
 	LastHeartbeat *time.Time     `json:"last_heartbeat"`
+	// ClockSkewSeconds is the agent's clock minus the NATS server's when
+	// it stored the last heartbeat (negative: the agent is behind), filled
+	// by `berth status`; the watchdog reports its own measure in /healthz
+	// and berth_host_clock_skew_seconds. Shown, never acted on (law 10).
+	ClockSkewSeconds *float64 `json:"clock_skew_seconds,omitempty"`
 }
 
 // JobCounts counts jobs the projection still holds, by status.

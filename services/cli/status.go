@@ -61,7 +61,8 @@ func WatchStatus(ctx context.Context, js jetstream.JetStream, w io.Writer, every
 	}
 }
 
-// statusOf is f's status with each host's last heartbeat.
+// statusOf is f's status with each host's last heartbeat, and its agent's
+// clock skew against the NATS server that stored it.
 func statusOf(ctx context.Context, js jetstream.JetStream, f *events.Fleet) events.Status {
 	st := f.Status()
 	if kv, err := js.KeyValue(ctx, events.BucketHeartbeats); err == nil {
@@ -72,8 +73,8 @@ func statusOf(ctx context.Context, js jetstream.JetStream, f *events.Fleet) even
 			}
 			var hb events.Heartbeat
 			if json.Unmarshal(e.Value(), &hb) == nil {
-				at := hb.At
-				st.Hosts[i].LastHeartbeat = &at
+				at, skew := hb.At, hb.At.Sub(e.Created()).Seconds()
+				st.Hosts[i].LastHeartbeat, st.Hosts[i].ClockSkewSeconds = &at, &skew
 			}
 		}
 	}

@@ -164,7 +164,8 @@ type Watchdog struct {
 	// released and its VM torn down (GitHub's own limit for self-hosted jobs
 	// is 5 days).
 	MaxJobDuration time.Duration `yaml:"max_job_duration"`
-	// HostTTL: a host whose heartbeat is older is lost.
+	// HostTTL: a host whose heartbeat the watchdog has not seen change for
+	// this long, on its own clock, is lost (watchdog/liveness.go).
 	HostTTL time.Duration `yaml:"host_ttl"`
 	// DemandWaitingAfter and DemandWaitingEvery pace "demand waiting" reports.
 	DemandWaitingAfter time.Duration `yaml:"demand_waiting_after"`

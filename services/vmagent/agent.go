@@ -249,6 +249,9 @@ func (a *Agent) heartbeat(ctx context.Context, kv jetstream.KeyValue) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
+		// Every Put is a new revision of the host's key: that change is what
+		// the watchdog watches, on its own clock. At, on this host's clock, is
+		// for display and the skew report only.
 		hb, _ := json.Marshal(events.Heartbeat{Host: a.opts.Host, Boot: a.boot, At: a.opts.Now().UTC()})
 		pctx, cancel := context.WithTimeout(ctx, every)
 		if _, err := kv.Put(pctx, a.opts.Host, hb); err != nil && ctx.Err() == nil {

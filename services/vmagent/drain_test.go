@@ -1,10 +1,12 @@
 package vmagent_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/vmagent"
 )
@@ -79,6 +81,33 @@ func TestAnAgentThatSeesItsHostLostAnnouncesItAgain(t *testing.T) {
 	before := onlines()
 	h.append(t, &events.HostLost{HostChange: events.HostChange{Host: h.host, Reason: "test", At: time.Now()}})
 	h.waitN(t, "a second host online", before+1, func(e events.Event) bool { _, ok := e.Data.(*events.HostOnline); return ok })
+}
+
+// Given a running agent whose host a watchdog with a clock an hour ahead
+// reported lost (the fact stamped an hour in the future), when the agent
+// announces the host again, then the host is online in the log and the
+// agent stops announcing: the announcement stored after the loss wins,
+// whatever their stamps say (law 10: order comes from the log).
+func TestALossStampedInTheFutureDoesNotOutliveTheReannouncement(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, nil)
+	isOnline := func(e events.Event) bool { _, ok := e.Data.(*events.HostOnline); return ok }
+	before := len(h.find(isOnline))
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	ahead := time.Now().Add(time.Hour)
+	lost := events.HostLost{HostChange: events.HostChange{Host: h.host, Reason: "test", By: "watchdog", At: ahead}}
+	if _, _, err := h.app.Append(ctx, h.app.New(ahead, lost), nil); err != nil {
+		t.Fatal(err)
+	}
+	h.waitN(t, "the host announced again", before+1, isOnline)
+	testkit.Eventually(t, waitLimit, "the host online in the log", func() bool {
+		f, err := eventlog.Replay(ctx, h.js, nil)
+		return err == nil && f.Hosts[h.host] != nil && f.Hosts[h.host].State == events.HostStateOnline
+	})
+	testkit.Consistently(t, vmagent.ReannounceEvery+2*time.Second, "no further announcement", func() bool {
+		return len(h.find(isOnline)) == before+1
+	})
 }
 
 // Given a drain whose forced stop wedges forever (a hypervisor call that

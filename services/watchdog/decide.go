@@ -114,9 +114,12 @@ func (plan Plan) Steps() events.Plan {
 	return out
 }
 
-// Decide derives the watchdog's facts from the fold at time now. heartbeats
-// maps host → its last heartbeat (hosts missing from it have never beaten).
-func Decide(f *events.Fleet, now time.Time, heartbeats map[string]time.Time, p Params) Plan {
+// Decide derives the watchdog's facts from the fold at time now. seen maps
+// each host to when the watchdog last saw it alive, on the watchdog's own
+// clock (liveness.go: a heartbeat change, an announcement, or the start of
+// its grace); never a time another machine wrote (law 10). A host missing
+// from it has not been watched and is not judged (law 7).
+func Decide(f *events.Fleet, now time.Time, seen map[string]time.Time, p Params) Plan {
 	var plan Plan
 	hosts := make([]string, 0, len(f.Hosts))
 	for name := range f.Hosts {
@@ -130,15 +133,10 @@ func Decide(f *events.Fleet, now time.Time, heartbeats map[string]time.Time, p P
 			lost[name] = true
 			continue
 		}
-		// A host that never heartbeat is judged from its online time.
-		hb, ok := heartbeats[name]
-		if !ok || hb.Before(h.OnlineAt) {
-			hb = h.OnlineAt
-		}
-		if now.Sub(hb) > p.HostTTL {
+		if last, ok := seen[name]; ok && now.Sub(last) > p.HostTTL {
 			lost[name] = true
 			plan.Lost = append(plan.Lost, events.HostLost{HostChange: events.HostChange{Host: name, At: now, By: By,
-				Reason: fmt.Sprintf("no heartbeat for %s (ttl %s); restart its vmagent or check its network", now.Sub(hb).Round(time.Second), p.HostTTL)}})
+				Reason: fmt.Sprintf("no heartbeat seen for %s (ttl %s); restart its vmagent or check its network", now.Sub(last).Round(time.Second), p.HostTTL)}})
 			continue
 		}
 		plan.abandonedCap(h, now, p.AbandonedCap)

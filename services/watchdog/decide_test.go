@@ -59,9 +59,14 @@ func (l *log) decide(d time.Duration, ages map[string]time.Duration) watchdog.Pl
 
 var linux = []string{"linux", "self-hosted"}
 
-// watchdogDecide asks with no heartbeat at all.
+// watchdogDecide asks with no heartbeat at all: the watchdog saw every
+// host only announce itself, at t0.
 func watchdogDecide(l *log, d time.Duration) watchdog.Plan {
-	return watchdog.Decide(l.f, t0.Add(d), map[string]time.Time{}, params)
+	seen := map[string]time.Time{}
+	for h := range l.f.Hosts {
+		seen[h] = t0
+	}
+	return watchdog.Decide(l.f, t0.Add(d), seen, params)
 }
 
 func host(name string) *events.HostOnline {

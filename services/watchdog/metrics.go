@@ -11,6 +11,7 @@ type Metrics struct {
 	held, capacity, running, provisioning, waiting, abandonedPool *prometheus.GaugeVec
 	alarms                                                        *prometheus.GaugeVec
 	liveVMs, abandonedHost, physicalCap, cordoned                 *prometheus.GaugeVec
+	skew                                                          *prometheus.GaugeVec
 }
 
 // NewMetrics registers the watchdog's series on reg.
@@ -33,9 +34,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		abandonedHost: host(events.MetricHostAbandonedVMs, "Abandoned VMs on the host."),
 		physicalCap:   host(events.MetricHostPhysicalCap, "How many VMs the host can run at once."),
 		cordoned:      host(events.MetricHostCordoned, "1 when the host takes no new placements."),
+		skew: host(events.MetricHostClockSkewSeconds,
+			"The host agent's clock minus the watchdog's, seen when its heartbeat changes (negative: the agent is behind). Reported, never acted on."),
 	}
 	reg.MustRegister(m.held, m.capacity, m.running, m.provisioning, m.waiting, m.abandonedPool, m.alarms,
-		m.liveVMs, m.abandonedHost, m.physicalCap, m.cordoned)
+		m.liveVMs, m.abandonedHost, m.physicalCap, m.cordoned, m.skew)
 	return m
 }
 
@@ -66,3 +69,16 @@ func (m *Metrics) observe(st events.Status) {
 
 // Observe sets the gauges from a status view (exported for tests).
 func Observe(m *Metrics, st events.Status) { m.observe(st) }
+
+// observeLiveness sets each host's clock skew, for the hosts whose
+// heartbeat the watchdog has seen change.
+func (m *Metrics) observeLiveness(hosts []HostLiveness) {
+	if m == nil {
+		return
+	}
+	for _, h := range hosts {
+		if h.ClockSkewSeconds != nil {
+			m.skew.WithLabelValues(h.Host).Set(*h.ClockSkewSeconds)
+		}
+	}
+}

@@ -2,7 +2,6 @@ package watchdog
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -30,18 +29,22 @@ type Watchdog struct {
 	// (nats.replicas), as the agents create it. 0 means 1.
 	HeartbeatReplicas int
 
-	heartbeats map[string]time.Time
-	// heardNew holds what the heartbeat watcher read since the last
-	// Decide, which merges it (hbMu guards it). Posting each heartbeat to
+	// Liveness (liveness.go): what this watchdog itself saw of each host's
+	// heartbeat, on its own clock. beats is written by the heartbeat
+	// watcher and the re-reads (hbMu guards it; posting each heartbeat to
 	// the loop made every one a Decide: 500 hosts beating each second kept
 	// the loop so busy that the watcher fell 30 s behind and the watchdog
-	// declared live hosts lost (the bench's 500-host scale run).
-	hbMu     sync.Mutex
-	heardNew map[string]time.Time
-	// unheard is the last time the heartbeat bucket did not answer: no
-	// silence before it counts against a host (law 7).
-	unheard     time.Time
-	watched     atomic.Int64 // when the heartbeat watcher last delivered anything (unix ns)
+	// declared live hosts lost, the bench's 500-host scale run). The rest
+	// is the loop's.
+	hbMu      sync.Mutex
+	beats     map[string]beat
+	announced map[string]announcement
+	// floor: no silence before it counts against a host. It is the
+	// watchdog's start, the last time the heartbeat bucket did not answer,
+	// and a jump of its own clock (law 7).
+	floor       time.Time
+	lastRound   time.Time
+	watched     atomic.Int64 // when the heartbeat watcher last delivered anything (unix ns, this process's clock)
 	lastCompact time.Time
 	refusal     Refusal // facts refused since start (law 10), for the alarm
 	lastObserve time.Time
@@ -58,6 +61,7 @@ type Health struct {
 	Cordons   []Cordon             `json:"cordons"`
 	Waiting   int                  `json:"jobs_waiting_for_slot"`
 	CaughtUp  bool                 `json:"caught_up"`
+	Hosts     []HostLiveness       `json:"hosts"`
 }
 
 // PoolHealth is one pool's capacity line in /healthz.
@@ -91,7 +95,7 @@ func New(js jetstream.JetStream, app *eventlog.Appender, p Params, clk clock.Clo
 	}
 	loop := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Gap: DecideGap}
 	w := &Watchdog{Shell: eventlog.NewShell(loop, app, clk, logger), js: js, params: p,
-		logger: logger, heartbeats: map[string]time.Time{}, heardNew: map[string]time.Time{}}
+		logger: logger, beats: map[string]beat{}, announced: map[string]announcement{}}
 	w.Refused = func(e events.Event, err error) {
 		w.refusal = Refusal{Count: w.refusal.Count + 1, Seq: e.Seq, Subject: e.Subject, Reason: err.Error()}
 	}
@@ -108,10 +112,14 @@ func (w *Watchdog) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Load every heartbeat before the first decision: an empty map would
-	// read as "no host ever beat" and lose the whole fleet on a watchdog
-	// restart (law 7: missing data is not a fact).
-	if err := w.loadHeartbeats(ctx, kv); err != nil {
+	// Every start waits one host TTL before it judges any host lost,
+	// whatever the bucket holds: a value read now says nothing about when
+	// it was written on this watchdog's clock (law 10), and the watchdog
+	// has not watched anyone yet (law 7). Read every heartbeat before the
+	// first decision all the same, so that one that does not change during
+	// the grace is known as such.
+	w.floor = w.Now()
+	if err := w.readHeartbeats(ctx, kv); err != nil {
 		return fmt.Errorf("read heartbeats before judging hosts: %w", err)
 	}
 	w.wg.Add(1)
@@ -136,15 +144,7 @@ func (w *Watchdog) Run(ctx context.Context) error {
 					continue
 				}
 				w.watched.Store(time.Now().UnixNano())
-				var hb events.Heartbeat
-				if json.Unmarshal(e.Value(), &hb) != nil {
-					continue
-				}
-				w.hbMu.Lock()
-				if hb.At.After(w.heardNew[e.Key()]) {
-					w.heardNew[e.Key()] = hb.At
-				}
-				w.hbMu.Unlock()
+				w.noteBeat(e, true)
 			}
 		}
 	}()
@@ -182,85 +182,27 @@ func (w *Watchdog) probeHeartbeats(ctx context.Context, kv jetstream.KeyValue) {
 		case err != nil:
 			failed = true
 			at := w.Now()
-			w.Loop.Post(ctx, func() { w.unheard = at })
+			w.Loop.Post(ctx, func() { w.raiseFloor(at) })
 		case failed || time.Since(time.Unix(0, w.watched.Load())) > 3*time.Second:
 			// Back after a failure, or the watcher has not even shown this
 			// probe's writes (it lags or re-subscribes after an outage):
 			// read every heartbeat from the bucket itself.
 			recovered := failed
 			failed = false
-			fresh := map[string]time.Time{}
-			if w.readHeartbeats(ctx, kv, fresh) == nil {
+			if w.readHeartbeats(ctx, kv) == nil && recovered {
 				at := w.Now()
-				w.Loop.Post(ctx, func() {
-					for host, hb := range fresh {
-						if hb.After(w.heartbeats[host]) {
-							w.heartbeats[host] = hb
-						}
-					}
-					if recovered {
-						w.unheard = at
-					}
-				})
+				w.Loop.Post(ctx, func() { w.raiseFloor(at) })
 			}
 		}
 	}
-}
-
-// heard is the heartbeats as Decide should judge them: a host's silence
-// counts only from the last time the bucket did not answer.
-func (w *Watchdog) heard(now time.Time) map[string]time.Time {
-	w.hbMu.Lock()
-	for host, at := range w.heardNew {
-		if at.After(w.heartbeats[host]) {
-			w.heartbeats[host] = at
-		}
-	}
-	clear(w.heardNew)
-	w.hbMu.Unlock()
-	if w.unheard.IsZero() || now.Sub(w.unheard) > w.params.HostTTL {
-		return w.heartbeats
-	}
-	hb := make(map[string]time.Time, len(w.Fold.Hosts))
-	for name := range w.Fold.Hosts {
-		hb[name] = w.unheard
-		if at := w.heartbeats[name]; at.After(w.unheard) {
-			hb[name] = at
-		}
-	}
-	return hb
-}
-
-func (w *Watchdog) loadHeartbeats(ctx context.Context, kv jetstream.KeyValue) error {
-	return w.readHeartbeats(ctx, kv, w.heartbeats)
-}
-
-// readHeartbeats reads every heartbeat in the bucket into into.
-func (w *Watchdog) readHeartbeats(ctx context.Context, kv jetstream.KeyValue, into map[string]time.Time) error {
-	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	keys, err := kv.ListKeys(lctx)
-	if err != nil {
-		return err
-	}
-	for key := range keys.Keys() {
-		e, err := kv.Get(lctx, key)
-		if err != nil {
-			continue
-		}
-		var hb events.Heartbeat
-		if json.Unmarshal(e.Value(), &hb) == nil {
-			into[key] = hb.At
-		}
-	}
-	return nil
 }
 
 // Decide implements eventlog.Reactor: it asks the pure Decide for a plan
 // and executes it.
 func (w *Watchdog) Decide(ctx context.Context) {
 	now := w.Now()
-	plan := Decide(w.Fold, now, w.heard(now), w.params)
+	seen := w.heard(now)
+	plan := Decide(w.Fold, now, seen, w.params)
 	plan.Raise = append(plan.Raise, ForgedAlarm(w.Fold, now, w.refusal)...)
 	w.Execute(ctx, plan.Steps(), nil)
 	w.housekeep(now)
@@ -271,7 +213,9 @@ func (w *Watchdog) Decide(ctx context.Context) {
 	}
 	w.lastObserve = now
 	st := w.Fold.Status()
+	hosts := w.liveness(now, seen)
 	w.Metrics.observe(st)
+	w.Metrics.observeLiveness(hosts)
 	waiting := 0
 	for _, p := range st.Pools {
 		waiting += p.WaitingForSlot
@@ -288,7 +232,7 @@ func (w *Watchdog) Decide(ctx context.Context) {
 		}
 	}
 	w.health = Health{Alarms: st.Alarms, Waiting: waiting, CaughtUp: w.Loop.CaughtUp(), Abandoned: st.Abandoned,
-		Pools: pools, Cordons: cordons}
+		Pools: pools, Cordons: cordons, Hosts: hosts}
 	w.mu.Unlock()
 }
 

@@ -94,6 +94,7 @@ func root() *cobra.Command {
 	}
 	cmd.PersistentFlags().StringVar(&logFormat, "log-format", format,
 		"auto (text on a terminal, JSON otherwise), json or text; secrets are redacted in all (env BERTH_LOG_FORMAT)")
+	cmd.AddCommand(trustCmd(&natsURL))
 	cmd.AddCommand(devCmd(), serviceCmd("dispatcher", &natsURL), serviceCmd("watchdog", &natsURL), agentCmd(&natsURL),
 		statusCmd(&natsURL), eventsCmd(&natsURL), replayCmd(&natsURL),
 		hostActionCmd(&natsURL, "cordon", "Stop placing new jobs on a host (running jobs go on)"),

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/berth-ci/berth/services/run"
+	"github.com/berth-ci/berth/services/trust"
+	"github.com/nats-io/nkeys"
+	"github.com/spf13/cobra"
+)
+
+// trustCmd is the admin's way to say which dispatcher keys agents accept
+// sealed placements from (berth_trust; docs/security.md).
+func trustCmd(natsURL *string) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "trust",
+		Short: "Trust a dispatcher's sealing key (admin credentials): agents open only placements it sealed",
+	}
+	var name string
+	add := &cobra.Command{
+		Use:   "add KEY",
+		Short: "Trust the dispatcher sealing key KEY (an X… curve public key the dispatcher logs at start)",
+		Long: "add writes KEY into the KV bucket berth_trust, which only the admin may write. Agents\n" +
+			"see it within seconds and open JIT configs sealed by it. To distrust a key:\n" +
+			"nats kv del berth_trust dispatcher.KEY",
+		Args:    exactArgs(1),
+		Example: "  berth trust add XAB3…  --name dispatcher-eu-1 --nats nats://… (with the admin's creds)",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !nkeys.IsValidPublicCurveKey(args[0]) {
+				return usageError{fmt.Errorf("%q is not a curve public key (X…): copy the key the dispatcher logs as \"sealing key\"", args[0])}
+			}
+			closeNC, js, err := run.JetStream(*natsURL)
+			if err != nil {
+				return natsError{err}
+			}
+			defer closeNC()
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			defer cancel()
+			if err := trust.AddDispatcher(ctx, js, args[0], name); err != nil {
+				return fmt.Errorf("trust %s: %w (this needs the admin's credentials: --nats-creds or BERTH_NATS_CREDS)", args[0], err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "trusted %s (%s): agents open placements it seals\n", args[0], name)
+			return nil
+		},
+	}
+	add.Flags().StringVar(&name, "name", "dispatcher", "whose key it is, kept beside it")
+	cmd.AddCommand(add)
+	return cmd
+}

@@ -3,10 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -134,7 +131,7 @@ func New(loop *eventlog.Loop, app *eventlog.Appender, m Minter, opts Options, me
 	if opts.Retention == 0 {
 		opts.Retention = 72 * time.Hour
 	}
-	kp, err := curveKey(opts.CurveSeedFile)
+	kp, err := sealing.LoadKey(opts.CurveSeedFile)
 	if err != nil {
 		return nil, err
 	}
@@ -341,33 +338,6 @@ func (d *Dispatcher) mint(ctx context.Context, a *events.Attempt) {
 		d.minted.Store(ref.Attempt, mintedPlacement{fact: placed})
 		d.Loop.Post(ctx, func() { d.place(ctx, ref.Attempt) })
 	}()
-}
-
-// curveKey loads the dispatcher's sealing key from path, or makes one and
-// keeps it there (mode 0600).
-func curveKey(path string) (nkeys.KeyPair, error) {
-	if path == "" {
-		return nkeys.CreateCurveKeys()
-	}
-	if seed, err := os.ReadFile(path); err == nil {
-		kp, err := nkeys.FromCurveSeed(seed)
-		if err != nil {
-			return nil, fmt.Errorf("dispatcher curve key %s is corrupt: %w (delete it, start again, and have the admin trust the new key)", path, err)
-		}
-		return kp, nil
-	}
-	kp, err := nkeys.CreateCurveKeys()
-	if err != nil {
-		return nil, err
-	}
-	seed, _ := kp.Seed()
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("dispatcher curve key: %w", err)
-	}
-	if err := os.WriteFile(path, seed, 0o600); err != nil {
-		return nil, fmt.Errorf("save dispatcher curve key: %w", err)
-	}
-	return kp, nil
 }
 
 // SealingKey is the curve public key placements are sealed by: what the

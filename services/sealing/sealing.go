@@ -12,6 +12,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/nats-io/nkeys"
 )
@@ -72,4 +74,33 @@ func Open(kp nkeys.KeyPair, sealed []byte, by string, trusted func(string) bool,
 		return nil, fmt.Errorf("%w: no JIT config", ErrMismatch)
 	}
 	return got.JIT, nil
+}
+
+// LoadKey loads a curve key from its seed file, or makes one and keeps it
+// there (mode 0600, its directory made 0700): an agent's key, so placements
+// sealed before a restart can still be opened; a dispatcher's, so the key
+// the admin trusts survives a restart. "" makes a fresh key each time.
+func LoadKey(path string) (nkeys.KeyPair, error) {
+	if path == "" {
+		return nkeys.CreateCurveKeys()
+	}
+	if seed, err := os.ReadFile(path); err == nil {
+		kp, err := nkeys.FromCurveSeed(seed)
+		if err != nil {
+			return nil, fmt.Errorf("curve key %s is corrupt: %w (delete it: a new key is made at start; placements in flight are retried, and a dispatcher's new key must be trusted again)", path, err)
+		}
+		return kp, nil
+	}
+	kp, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		return nil, err
+	}
+	seed, _ := kp.Seed()
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("curve key: %w", err)
+	}
+	if err := os.WriteFile(path, seed, 0o600); err != nil {
+		return nil, fmt.Errorf("save curve key: %w", err)
+	}
+	return kp, nil
 }

@@ -100,7 +100,7 @@ func New(js jetstream.JetStream, app *eventlog.Appender, b backend.Backend, opts
 	if err := os.MkdirAll(filepath.Join(opts.DataDir, "attempts"), 0o700); err != nil {
 		return nil, fmt.Errorf("agent data dir: %w", err)
 	}
-	kp, err := loadCurve(filepath.Join(opts.DataDir, "curve.seed"))
+	kp, err := sealing.LoadKey(filepath.Join(opts.DataDir, "curve.seed"))
 	if err != nil {
 		return nil, err
 	}
@@ -118,25 +118,6 @@ func New(js jetstream.JetStream, app *eventlog.Appender, b backend.Backend, opts
 	a.InFlightFor = time.Minute
 	a.Crash = map[string][2]string{events.TypeAttemptProvisioning: {"", crashpoint.AgentAfterProvisioning}}
 	return a, nil
-}
-
-func loadCurve(path string) (nkeys.KeyPair, error) {
-	if seed, err := os.ReadFile(path); err == nil {
-		kp, err := nkeys.FromCurveSeed(seed)
-		if err != nil {
-			return nil, fmt.Errorf("curve key %s is corrupt: %w (delete it; placements in flight will be retried)", path, err)
-		}
-		return kp, nil
-	}
-	kp, err := nkeys.CreateCurveKeys()
-	if err != nil {
-		return nil, err
-	}
-	seed, _ := kp.Seed()
-	if err := os.WriteFile(path, seed, 0o600); err != nil {
-		return nil, fmt.Errorf("save curve key: %w", err)
-	}
-	return kp, nil
 }
 
 // Run advertises the host, heartbeats, and drives the agent until ctx ends.

@@ -1,0 +1,72 @@
+package sealing_test
+
+import (
+	"errors"
+	"path/filepath"
+	"testing"
+
+	"github.com/berth-ci/berth/services/sealing"
+	"github.com/nats-io/nkeys"
+)
+
+func keys(t *testing.T) (nkeys.KeyPair, string) {
+	t.Helper()
+	kp, err := nkeys.CreateCurveKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := kp.PublicKey()
+	return kp, pub
+}
+
+// What a dispatcher seals opens only for its host, from a trusted sender,
+// for the placement it was sealed for.
+func TestASealedPlacementOpensOnlyTrustedAndMatching(t *testing.T) {
+	dispatcher, dpub := keys(t)
+	agent, apub := keys(t)
+	p := sealing.Placement{Attempt: "berth-7-1", Host: "h-a", Pool: "linux", JobID: 7, BookedSeq: 3, JIT: []byte("jit")}
+	sealed, err := sealing.Seal(dispatcher, apub, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trusted := func(k string) bool { return k == dpub }
+	want := p
+	want.JIT, want.BookedSeq = nil, 0
+	if jit, err := sealing.Open(agent, sealed, dpub, trusted, want); err != nil || string(jit) != "jit" {
+		t.Fatalf("open: %q, %v", jit, err)
+	}
+	if _, err := sealing.Open(agent, sealed, dpub, func(string) bool { return false }, want); !errors.Is(err, sealing.ErrUntrusted) {
+		t.Fatalf("an untrusted sender opened: %v", err)
+	}
+	other := want
+	other.Attempt = "berth-8-1"
+	if _, err := sealing.Open(agent, sealed, dpub, trusted, other); !errors.Is(err, sealing.ErrMismatch) {
+		t.Fatalf("a config sealed for another attempt opened: %v", err)
+	}
+	unbooked, _ := sealing.Seal(dispatcher, apub, sealing.Placement{Attempt: "berth-7-1", Host: "h-a", Pool: "linux", JobID: 7, JIT: []byte("jit")})
+	if _, err := sealing.Open(agent, unbooked, dpub, trusted, want); !errors.Is(err, sealing.ErrMismatch) {
+		t.Fatalf("a placement naming no booking opened: %v", err)
+	}
+	raw, _ := dispatcher.Seal([]byte("jit"), apub)
+	if _, err := sealing.Open(agent, raw, dpub, trusted, want); !errors.Is(err, sealing.ErrMismatch) {
+		t.Fatalf("a bare JIT config (no placement bound) opened: %v", err)
+	}
+}
+
+// A key kept in a seed file is the same key after a restart.
+func TestLoadKeyKeepsTheKeyAcrossRestarts(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "d", "curve.seed")
+	a, err := sealing.LoadKey(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := sealing.LoadKey(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pa, _ := a.PublicKey()
+	pb, _ := b.PublicKey()
+	if pa != pb {
+		t.Fatalf("key changed across loads: %s, %s", pa, pb)
+	}
+}

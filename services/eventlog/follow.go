@@ -179,8 +179,13 @@ func ReplayTo(ctx context.Context, js jetstream.JetStream, upto uint64, until ti
 }
 
 // foldSafely applies e and turns a panic into an error, so one poison fact
-// cannot stop a replay: it is skipped like an undecodable one.
+// cannot stop a replay: it is skipped like an undecodable one. A fact its
+// subject does not confirm is refused, as every service's shell refuses
+// it, so a replay equals the services' folds (law 10).
 func foldSafely(f *events.Fleet, e events.Event) (err error) {
+	if _, err := events.Authorize(e); err != nil {
+		return err
+	}
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("%w: %v", ErrPoison, p)

@@ -189,6 +189,9 @@ func (a *Agent) watchHost(ctx context.Context) {
 				}
 				break read
 			case d := <-ch:
+				if d.Err == nil {
+					_, d.Err = events.Authorize(d.Event) // a forged "host lost" must not make it re-announce
+				}
 				if d.Err != nil {
 					f.Skip(d.Event.Seq, d.Event.Subject)
 					continue

@@ -51,6 +51,11 @@ const (
 	// Writer: any service's eventlog.Loop that parks a fact. Readers:
 	// operators (`nats kv ls berth_parked`).
 	BucketParked = "berth_parked"
+	// BucketTrust holds the keys readers trust, such as the dispatchers'
+	// curve public keys for signed placements. Writer: the admin role only
+	// (`berth stream apply` creates it; operators put keys with the admin
+	// credential). Readers: every service.
+	BucketTrust = "berth_trust"
 )
 
 // Snapshot keys in BucketSnapshots. The dispatcher's and the watchdog's

@@ -29,6 +29,7 @@ var pinned = []struct{ name, got, want string }{
 	{"BucketSnapshots", events.BucketSnapshots, "berth_snapshots"},
 	{"BucketHeartbeats", events.BucketHeartbeats, "berth_heartbeats"},
 	{"BucketParked", events.BucketParked, "berth_parked"},
+	{"BucketTrust", events.BucketTrust, "berth_trust"},
 
 	{"SnapshotKeyDispatcher", events.SnapshotKeyDispatcher, "dispatcher"},
 	{"SnapshotKeyWatchdog", events.SnapshotKeyWatchdog, "watchdog"},

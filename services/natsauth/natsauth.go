@@ -298,3 +298,36 @@ func (a *Auth) Write(dir string) ([]string, error) {
 	sort.Strings(files)
 	return files, nil
 }
+
+// Table renders every role's permissions as a Markdown table (hosts stand
+// for the agents, e.g. "HOST"): docs/security-nats.md holds it between
+// TableBegin and TableEnd, and a test keeps the two equal.
+func Table(hosts []string) string {
+	var b strings.Builder
+	b.WriteString("| role (seed file) | may publish: facts and KV keys | JetStream API, acks | denied | may subscribe |\n")
+	b.WriteString("| --- | --- | --- | --- | --- |\n")
+	cell := func(ss []string) string {
+		if len(ss) == 0 {
+			return "—"
+		}
+		q := make([]string, len(ss))
+		for i, s := range ss {
+			q[i] = "`" + s + "`"
+		}
+		return strings.Join(q, "<br>")
+	}
+	for _, u := range Permissions(hosts) {
+		if u.Account != Account {
+			fmt.Fprintf(&b, "| %s (`%s.nk`) | system account %s: `nats server report` | — | — | — |\n", u.Role, u.Role, u.Account)
+			continue
+		}
+		fmt.Fprintf(&b, "| %s (`%s.nk`) | %s | %s | %s | %s |\n", u.Role, u.Role, cell(u.Publish), cell(u.API), cell(u.Deny), cell(u.Subscribe))
+	}
+	return b.String()
+}
+
+// The markers around the generated table in docs/security-nats.md.
+const (
+	TableBegin = "<!-- natsauth.Table: begin (generated; go test ./services/natsauth -update-doc) -->"
+	TableEnd   = "<!-- natsauth.Table: end -->"
+)

@@ -537,8 +537,9 @@ func natsAuthCmd() *cobra.Command {
 		Short: "Write NATS authorization for Berth: one nkey per service, each allowed only its own facts",
 		Long: "nats-auth writes auth.conf (the BERTH account with JetStream, one user per service with the\n" +
 			"subjects its role may publish, and a system-account user) and one seed file per user (0600):\n" +
-			"dispatcher.nk, watchdog.nk, cli.nk, agent-HOST.nk for each host, sys.nk. Agents may publish\n" +
-			"only their own host's facts; the dispatcher no host facts; the watchdog no job facts.\n" +
+			"dispatcher.nk, watchdog.nk, cli.nk, admin.nk, agent-HOST.nk for each host, sys.nk. Agents may\n" +
+			"publish only their own host's facts; the dispatcher no host facts; the watchdog no job facts;\n" +
+			"only admin (keep it with the operators) creates and updates the stream: berth stream apply.\n" +
 			"Running it again makes new keys (rotation): restart NATS and the services after.",
 		Example: `  berth nats-auth --hosts mac-mini-01,linux-01 --out /etc/nats/berth
   # nats-server.conf: include /etc/nats/berth/auth.conf
@@ -561,9 +562,10 @@ func natsAuthCmd() *cobra.Command {
 			for _, f := range files {
 				fmt.Fprintln(w, "wrote", f)
 			}
-			fmt.Fprintf(w, "next: add `include %s` to nats-server.conf and restart it; give each service its\n"+
+			fmt.Fprintf(w, "next: add `include %s` to nats-server.conf and restart it; run\n"+
+				"berth --nats-nkey %s stream apply --config berth.yaml; give each service its\n"+
 				"seed as nats.nkey_file (agents: agent-HOST.nk); tools: berth --nats-nkey %s status\n",
-				filepath.Join(out, "auth.conf"), filepath.Join(out, "cli.nk"))
+				filepath.Join(out, "auth.conf"), filepath.Join(out, "admin.nk"), filepath.Join(out, "cli.nk"))
 			return nil
 		},
 	}

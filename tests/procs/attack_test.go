@@ -385,7 +385,7 @@ func view(f *events.Fleet) any {
 const forgedAlarm = "forged_fact"
 
 // refusedFacts reads refused_facts from the /healthz of the services that
-// fold the whole log.
+// fold the whole log (and checks they report no stream_drift).
 func refusedFacts(t *testing.T, sys *System) map[string]uint64 {
 	t.Helper()
 	out := map[string]uint64{}
@@ -397,13 +397,17 @@ func refusedFacts(t *testing.T, sys *System) map[string]uint64 {
 		}
 		var h struct {
 			Detail struct {
-				Refused uint64 `json:"refused_facts"`
+				Refused uint64   `json:"refused_facts"`
+				Drift   []string `json:"stream_drift"`
 			} `json:"detail"`
 		}
 		err = json.NewDecoder(resp.Body).Decode(&h)
 		resp.Body.Close()
 		if err != nil {
 			t.Fatal(err)
+		}
+		if h.Detail.Drift == nil || len(h.Detail.Drift) > 0 {
+			t.Errorf("%s/healthz: stream_drift %v, want [] (the stream is as `berth stream apply` made it)", base, h.Detail.Drift)
 		}
 		out[base] = h.Detail.Refused
 	}

@@ -6,6 +6,8 @@ package run
 import (
 	"bytes"
 	"context"
+	cryptorand "crypto/rand"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,7 +18,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/berth-ci/berth/events"
@@ -214,11 +215,14 @@ func consumer(service string) *eventlog.Consumer {
 	if inst == "" {
 		inst, _ = os.Hostname()
 	}
-	nonce := strconv.FormatUint(uint64(time.Now().UnixNano())^uint64(os.Getpid())<<20+consumerSeq.Add(1), 36)
+	// Random, not a clock: the name is the consumer's only guard against
+	// another role that would inspect, pull from or delete it (NATS
+	// permissions cannot match a name prefix; docs/security-nats.md).
+	var r [8]byte
+	_, _ = cryptorand.Read(r[:])
+	nonce := strconv.FormatUint(binary.BigEndian.Uint64(r[:]), 36)
 	return &eventlog.Consumer{Name: "berth-" + service + "-" + consumerSafe(inst) + "-" + nonce}
 }
-
-var consumerSeq atomic.Uint64
 
 // consumerSafe keeps what a JetStream consumer name may hold.
 func consumerSafe(s string) string {

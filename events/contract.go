@@ -51,10 +51,11 @@ const (
 	// Writer: any service's eventlog.Loop that parks a fact. Readers:
 	// operators (`nats kv ls berth_parked`).
 	BucketParked = "berth_parked"
-	// BucketTrust holds the keys a fleet trusts, one per key (see
-	// TrustKeyDispatcher). Writer: the admin only (`berth trust add`,
-	// or `berth dev` for its own dispatcher). Readers: every agent, before
-	// it opens a sealed JIT config.
+	// BucketTrust holds the keys the fleet trusts, one per key (see
+	// TrustKeyDispatcher). Writer: the admin only (`berth stream apply`
+	// creates it, `berth trust add` writes it; `berth dev` trusts its own
+	// dispatcher). Readers: every agent, before it opens a sealed JIT
+	// config.
 	BucketTrust = "berth_trust"
 )
 

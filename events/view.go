@@ -17,6 +17,10 @@ type Status struct {
 	// not been seen stopped since: it still occupies its host (law 3).
 	Abandoned []AbandonedVM `json:"abandoned"`
 	Skipped   int           `json:"skipped_events"`
+	// StreamDrift is how the stream differs from the config `berth status
+	// --config` was given (absent without one): the admin's to fix with
+	// `berth stream apply`, never the services'.
+	StreamDrift []string `json:"stream_drift,omitempty"`
 }
 
 // AbandonedVM is one abandoned VM.

@@ -131,6 +131,9 @@ func PrintStatus(w io.Writer, st events.Status, asJSON bool, now time.Time) erro
 	for _, a := range st.Alarms {
 		fmt.Fprintf(tw, "ALARM %s (%s): %s\n", a.Key, a.Pool, a.Message)
 	}
+	for _, d := range st.StreamDrift {
+		fmt.Fprintf(tw, "STREAM DRIFT %s: %s (the admin fixes it with `berth stream apply`)\n", events.StreamName, d)
+	}
 	return tw.Flush()
 }
 

@@ -10,10 +10,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// HeartbeatKV opens events.BucketHeartbeats, creating it (or updating its
-// config) with replicas replicas (0 means 1): the agents write their
-// events.Heartbeat there and the watchdog reads them. Both create it with
-// the same config, so whichever starts first makes it.
+// HeartbeatKV opens events.BucketHeartbeats (OpenBucket: created with
+// replicas replicas, 0 means 1, only where the credential may, never
+// updated): the agents write their events.Heartbeat there and the watchdog
+// reads them.
 //
 // Services starting together on a fresh cluster race to create the
 // replicated bucket, and the losers' requests can time out, so it tries up
@@ -23,16 +23,14 @@ func HeartbeatKV(ctx context.Context, js jetstream.JetStream, replicas int, logg
 	if logger == nil {
 		logger = slog.Default()
 	}
-	cfg := jetstream.KeyValueConfig{Bucket: events.BucketHeartbeats,
-		Description: "vmagent heartbeats (key: host)", History: 1, Replicas: replicas}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+	kv, err := OpenBucket(ctx, js, events.BucketHeartbeats, replicas)
 	for try := 1; err != nil && try < 5 && ctx.Err() == nil; try++ {
 		logger.Warn("heartbeat bucket not ready; retrying", "err", err)
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Second):
 		}
-		kv, err = js.CreateOrUpdateKeyValue(ctx, cfg)
+		kv, err = OpenBucket(ctx, js, events.BucketHeartbeats, replicas)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("heartbeat bucket: %w", err)

@@ -469,9 +469,7 @@ func (l *Loop) restore(ctx context.Context, r Reactor) *snapState {
 	}
 	kctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	kv, err := l.JS.CreateOrUpdateKeyValue(kctx, jetstream.KeyValueConfig{Bucket: events.BucketSnapshots,
-		Description: "fold snapshots of Berth services (a shortcut: delete to force a full replay)", History: 1,
-		Replicas: max(l.Replicas, 1)})
+	kv, err := OpenBucket(kctx, l.JS, events.BucketSnapshots, l.Replicas)
 	if err != nil {
 		slog.Warn("snapshot bucket unavailable; replaying the whole log", "err", err)
 		return st

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Parked is what a reader records about a fact it parked: the value of
@@ -43,7 +42,7 @@ func (l *Loop) reader() string {
 func (l *Loop) park(ctx context.Context, d Delivered, cause error) {
 	p := Parked{Reader: l.reader(), Seq: d.Event.Seq, Subject: d.Event.Subject, ID: d.Event.ID,
 		Type: d.Event.Type(), Deliveries: d.Deliveries, Error: cause.Error(), At: time.Now().UTC()}
-	slog.Error("poison event parked: the fold skips it; see `nats kv get "+events.BucketParked+" "+parkKey(p)+"`, fix the cause, restart to fold it again",
+	slog.Error("poison event parked: the fold skips it; see `nats kv get "+events.BucketParked+" "+l.parkKey(p)+"`, fix the cause, restart to fold it again",
 		"reader", p.Reader, "seq", p.Seq, "subject", p.Subject, "type", p.Type, "err", cause)
 	go func() {
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -62,7 +61,7 @@ func (l *Loop) Refuse(d Delivered, cause error) {
 	p := Parked{Reader: l.reader(), Seq: d.Event.Seq, Subject: d.Event.Subject, ID: d.Event.ID,
 		Type: d.Event.Type(), Deliveries: d.Deliveries, Error: cause.Error(), At: time.Now().UTC()}
 	slog.Error("fact refused and parked: the fold skips it; someone with write access to "+p.Subject+
-		" wrote what only another role may say; see `nats kv get "+events.BucketParked+" "+parkKey(p)+"` and docs/security.md",
+		" wrote what only another role may say; see `nats kv get "+events.BucketParked+" "+l.parkKey(p)+"` and docs/security.md",
 		"reader", p.Reader, "seq", p.Seq, "subject", p.Subject, "type", p.Type, "err", cause)
 	if l.JS == nil {
 		return
@@ -76,12 +75,18 @@ func (l *Loop) Refuse(d Delivered, cause error) {
 	}()
 }
 
-func parkKey(p Parked) string { return events.ParkedKey(p.Reader, p.Seq) }
+// parkKey is where a parking record is stored: under the reader's
+// snapshot key when it has one (the role's own prefix, which the NATS
+// permissions confine it to), else under its consumer name.
+func (l *Loop) parkKey(p Parked) string {
+	if l.SnapshotKey != "" {
+		return events.ParkedKey(l.SnapshotKey, p.Seq)
+	}
+	return events.ParkedKey(p.Reader, p.Seq)
+}
 
 func (l *Loop) storePark(ctx context.Context, p Parked) error {
-	kv, err := l.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: events.BucketParked,
-		Description: "facts a Berth service could not react to (poison), one key per reader and sequence",
-		Replicas:    max(l.Replicas, 1)})
+	kv, err := OpenBucket(ctx, l.JS, events.BucketParked, l.Replicas)
 	if err != nil {
 		return err
 	}
@@ -89,6 +94,6 @@ func (l *Loop) storePark(ctx context.Context, p Parked) error {
 	if err != nil {
 		return err
 	}
-	_, err = kv.Put(ctx, parkKey(p), b)
+	_, err = kv.Put(ctx, l.parkKey(p), b)
 	return err
 }

@@ -58,16 +58,38 @@ func Connect(url, name string, opts ...nats.Option) (*nats.Conn, jetstream.JetSt
 var WaitForServer = nats.RetryOnFailedConnect(true)
 
 // EnsureStream creates BERTH_EVENTS or updates an existing one in place to
-// cfg (limits included: lowering one drops the oldest facts at once); it is
-// safe to call from every service at every start. No fact is ever deleted or
-// purged by hand (both are denied); only the retention limits drop the
-// oldest ones. Storage is on file.
+// cfg (limits included: lowering one drops the oldest facts at once). It
+// is the admin's step (`berth stream apply`, Apply) and the tests'; a
+// service only verifies the stream (VerifyStream) and never changes it. No
+// fact is ever deleted or purged by hand (both are denied); only the
+// retention limits drop the oldest ones. Storage is on file.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (jetstream.Stream, error) {
+	sc, err := cfg.Settings()
+	if err != nil {
+		return nil, err
+	}
+	// Update only what differs: a stream update racing a consumer's
+	// creation is a data race inside nats-server v2.15.2
+	// (fileStore.UpdateConfig vs ConsumerStore, seen under -race), and an
+	// update nobody needs is churn on a cluster.
+	if cur, err := js.Stream(ctx, events.StreamName); err == nil && sameStream(cur.CachedInfo().Config, sc) {
+		return cur, nil
+	}
+	s, err := js.CreateOrUpdateStream(ctx, sc)
+	if err != nil {
+		return nil, fmt.Errorf("create stream %s: %w", events.StreamName, err)
+	}
+	return s, nil
+}
+
+// Settings is the server's stream configuration for cfg, with its
+// defaults filled in, or an error for limits that cannot hold.
+func (cfg StreamConfig) Settings() (jetstream.StreamConfig, error) {
 	if cfg.Replicas == 0 {
 		cfg.Replicas = 1
 	}
 	if cfg.MaxAge < 0 || cfg.MaxBytes < 0 || cfg.MaxMsgs < 0 {
-		return nil, fmt.Errorf("stream %s: negative limit (max age %v, max bytes %d, max msgs %d): use 0 for no limit",
+		return jetstream.StreamConfig{}, fmt.Errorf("stream %s: negative limit (max age %v, max bytes %d, max msgs %d): use 0 for no limit",
 			events.StreamName, cfg.MaxAge, cfg.MaxBytes, cfg.MaxMsgs)
 	}
 	if cfg.DuplicateWindow == 0 {
@@ -77,7 +99,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		}
 	}
 	if cfg.MaxAge != 0 && cfg.DuplicateWindow > cfg.MaxAge {
-		return nil, fmt.Errorf("stream %s: duplicate window %v exceeds max age %v: a fact cannot be deduplicated after it expired; shorten the window",
+		return jetstream.StreamConfig{}, fmt.Errorf("stream %s: duplicate window %v exceeds max age %v: a fact cannot be deduplicated after it expired; shorten the window",
 			events.StreamName, cfg.DuplicateWindow, cfg.MaxAge)
 	}
 	// The server counts -1 as "no limit" for messages and bytes.
@@ -87,7 +109,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		}
 		return v
 	}
-	sc := jetstream.StreamConfig{
+	return jetstream.StreamConfig{
 		Name:        events.StreamName,
 		Description: "Berth event log: every fact about jobs, slots, attempts and hosts",
 		Subjects:    []string{events.SubjectAll},
@@ -105,19 +127,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		// Set, or the server's default applies: 1,000 consumers per
 		// stream since nats-server 2.10 (-1 does not opt out of it).
 		MaxConsumers: MaxConsumers,
-	}
-	// Every service calls this at every start. Update only what differs:
-	// a stream update racing a consumer's creation is a data race inside
-	// nats-server v2.15.2 (fileStore.UpdateConfig vs ConsumerStore, seen
-	// under -race), and an update nobody needs is churn on a cluster.
-	if cur, err := js.Stream(ctx, events.StreamName); err == nil && sameStream(cur.CachedInfo().Config, sc) {
-		return cur, nil
-	}
-	s, err := js.CreateOrUpdateStream(ctx, sc)
-	if err != nil {
-		return nil, fmt.Errorf("create stream %s: %w", events.StreamName, err)
-	}
-	return s, nil
+	}, nil
 }
 
 // sameStream compares the settings EnsureStream asks for.

@@ -1,7 +1,9 @@
 // Package natsauth writes the NATS server's authorization for Berth: one
-// account (BERTH, with JetStream) whose users are the services, each
-// identified by an nkey and allowed to publish only the facts its role
-// emits, and a system-account user for `nats server report`.
+// account (BERTH, with JetStream) whose users are the roles, each
+// identified by an nkey and allowed only what its role does, and a
+// system-account user for `nats server report`. Every permission is made
+// here, in one place; docs/security-nats.md renders the table (Table) and a
+// test holds the two equal.
 //
 // What each role may publish (facts are berth.evt.<aggregate>.…):
 //
@@ -10,15 +12,24 @@
 //	             demand, alarm; never job facts (it holds no GitHub credentials and mints nothing)
 //	agent-HOST   its own host's facts and its own host's attempts only
 //	cli          operator facts: host (cordon, drain), pool and attempt (berth release)
+//	admin        no facts: it alone creates and updates the stream and the KV buckets
+//	             (`berth stream apply`) and writes the trust bucket
 //
-// Every Berth user may use the JetStream API ($JS.API.>, acks, flow
-// control) except deleting or purging a stream, write the KV buckets its
-// role keeps (snapshots, parked facts, heartbeats), and subscribe to its
-// own inboxes. An agent reads only its own host's facts and placements: it
-// may create consumers on the log only with its own host's filter (one
-// filter each, which the server sees in the create subject) and get
-// messages directly only from its own subjects. JIT configs are sealed to
-// each agent's curve key as well.
+// No role but admin may create, update, seal, delete or purge a stream or a
+// KV bucket; services only verify that the stream is what they expect. The
+// JetStream API of every role is an allow-list (API): stream and bucket
+// info, consumers on the log (and, for the readers of heartbeats and
+// snapshots, on the buckets), direct gets, and KV writes only under the
+// role's own keys (its snapshot, its parked records, an agent's heartbeat).
+// Nobody but admin lists consumers, and each role receives replies only on
+// its own inbox prefix (InboxPrefix), so a consumer's name (random per
+// instance) is known to its owner alone: another role can neither see
+// another's deliveries nor learn which consumer to inspect, pull, ack or
+// delete. An agent reads only its own host's facts and placements: it may
+// create consumers on the log only with its own host's filter (the server
+// sees the filter in the create subject) and get messages directly only
+// from its own subjects. JIT configs are sealed to each agent's curve key
+// as well.
 package natsauth
 
 import (
@@ -43,8 +54,15 @@ const (
 	RoleDispatcher = "dispatcher"
 	RoleWatchdog   = "watchdog"
 	RoleCLI        = "cli"
+	RoleAdmin      = "admin"
 	RoleSystem     = "sys"
 )
+
+// InboxPrefix is the inbox prefix role's connections must use
+// (nats.CustomInboxPrefix): the only subjects it may subscribe to are
+// under it, so no role sees the replies (deliveries, KV reads, API
+// answers) sent to another. With the nats CLI: --inbox-prefix.
+func InboxPrefix(role string) string { return "_INBOX_" + role }
 
 // AgentRole is the role of the agent of host.
 func AgentRole(host string) string { return "agent-" + host }
@@ -53,12 +71,15 @@ func AgentRole(host string) string { return "agent-" + host }
 type User struct {
 	Role    string
 	Account string
-	Public  string // the nkey's public key (U…), in the server config
-	Seed    []byte // the nkey's seed (SU…): the client's secret
-	Publish []string
-	// API is the JetStream API the user may call; nil means all of it but
-	// deleting or purging a stream.
+	Public  string   // the nkey's public key (U…), in the server config
+	Seed    []byte   // the nkey's seed (SU…): the client's secret
+	Publish []string // facts and KV keys the role writes
+	// API is the JetStream API (and acks, flow control) the user may call.
 	API []string
+	// Deny is refused even where Publish or API would allow it.
+	Deny []string
+	// Subscribe is what the user may subscribe to: its own inboxes.
+	Subscribe []string
 }
 
 // Auth is a generated authorization: the users, and the server config
@@ -68,55 +89,95 @@ type Auth struct {
 }
 
 // Generate makes a fresh nkey for every role: the dispatcher, the
-// watchdog, the cli, one agent per host, and the system user. Host names
-// must be valid subject tokens (events.ValidName).
+// watchdog, the cli, the admin, one agent per host, and the system user.
+// Host names must be valid subject tokens (events.ValidName).
 func Generate(hosts []string) (*Auth, error) {
 	a := &Auth{}
-	add := func(role, account string, publish []string) error {
-		kp, err := nkeys.CreateUser()
-		if err != nil {
-			return err
-		}
-		pub, _ := kp.PublicKey()
-		seed, _ := kp.Seed()
-		a.Users = append(a.Users, User{Role: role, Account: account, Public: pub, Seed: seed, Publish: publish})
-		return nil
-	}
-	p := events.SubjectPrefix
-	kv := func(bucket, key string) string { return "$KV." + bucket + "." + key }
-	roles := []struct {
-		role    string
-		publish []string
-	}{
-		{RoleDispatcher, append([]string{p + ".job.>"}, authored(events.RoleDispatcher, ".pool.*", ".attempt.*.*")...)},
-		{RoleWatchdog, append(authored(events.RoleWatchdog, ".pool.*", ".attempt.*.*", ".host.*"), p+".demand.>", p+".alarm.>")},
-		{RoleCLI, authored(events.RoleCLI, ".host.*", ".pool.*", ".attempt.*.*")},
-	}
-	kvs := map[string][]string{
-		RoleDispatcher: {kv(events.BucketSnapshots, ">"), kv(events.BucketParked, ">")},
-		RoleWatchdog:   {kv(events.BucketSnapshots, ">"), kv(events.BucketParked, ">"), kv(events.BucketHeartbeats, events.HeartbeatProbeKey)},
-	}
-	for _, r := range roles {
-		if err := add(r.role, Account, append(r.publish, kvs[r.role]...)); err != nil {
-			return nil, err
-		}
-	}
 	for _, h := range hosts {
 		if err := events.ValidName("host", h); err != nil {
 			return nil, err
 		}
-		snap := events.SnapshotKeyAgent(h)
-		if err := add(AgentRole(h), Account, append(authored(events.RoleAgent, ".host."+h, ".attempt."+h+".*"),
-			kv(events.BucketHeartbeats, h), kv(events.BucketSnapshots, snap), kv(events.BucketSnapshots, events.SnapshotParts(snap)),
-			kv(events.BucketParked, ">"))); err != nil {
+	}
+	for _, u := range Permissions(hosts) {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
 			return nil, err
 		}
-		a.Users[len(a.Users)-1].API = agentAPI(h)
-	}
-	if err := add(RoleSystem, SystemAccount, nil); err != nil {
-		return nil, err
+		u.Public, _ = kp.PublicKey()
+		u.Seed, _ = kp.Seed()
+		a.Users = append(a.Users, u)
 	}
 	return a, nil
+}
+
+// Permissions is every role's permissions, without keys: what Generate
+// hands out and Table renders.
+func Permissions(hosts []string) []User {
+	p := events.SubjectPrefix
+	mk := func(role, account string, publish, api []string) User {
+		u := User{Role: role, Account: account, Publish: publish, API: api}
+		if account == Account {
+			u.Subscribe = []string{InboxPrefix(role) + ".>"}
+			u.Deny = serviceDeny
+		}
+		return u
+	}
+	snapshots := func(key string) []string {
+		return []string{kv(events.BucketSnapshots, key), kv(events.BucketSnapshots, events.SnapshotParts(key))}
+	}
+	parked := func(key string) string { return kv(events.BucketParked, key+".>") }
+	users := []User{
+		mk(RoleDispatcher, Account, concat([]string{p + ".job.>"}, authored(events.RoleDispatcher, ".pool.*", ".attempt.*.*"),
+			snapshots(events.SnapshotKeyDispatcher), []string{parked(events.SnapshotKeyDispatcher)}), readerAPI()),
+		mk(RoleWatchdog, Account, concat(authored(events.RoleWatchdog, ".pool.*", ".attempt.*.*", ".host.*"), []string{p + ".demand.>", p + ".alarm.>"},
+			snapshots(events.SnapshotKeyWatchdog), []string{parked(events.SnapshotKeyWatchdog), kv(events.BucketHeartbeats, events.HeartbeatProbeKey)}),
+			readerAPI()),
+		mk(RoleCLI, Account, authored(events.RoleCLI, ".host.*", ".pool.*", ".attempt.*.*"), readerAPI()),
+	}
+	for _, h := range hosts {
+		snap := events.SnapshotKeyAgent(h)
+		users = append(users, mk(AgentRole(h), Account, concat(authored(events.RoleAgent, ".host."+h, ".attempt."+h+".*"),
+			[]string{kv(events.BucketHeartbeats, h)}, snapshots(snap), []string{parked(snap)}), agentAPI(h)))
+	}
+	admin := mk(RoleAdmin, Account, []string{kv(events.BucketTrust, ">")}, []string{"$JS.API.>", "$JS.ACK.>", "$JS.FC.>"})
+	admin.Deny = adminDeny
+	// An operator's `berth status` with the admin key still asks on the cli's inbox.
+	admin.Subscribe = append(admin.Subscribe, InboxPrefix(RoleCLI)+".>")
+	return append(users, admin, mk(RoleSystem, SystemAccount, nil, nil))
+}
+
+func kv(bucket, key string) string { return "$KV." + bucket + "." + key }
+
+func concat(ss ...[]string) []string {
+	var out []string
+	for _, s := range ss {
+		out = append(out, s...)
+	}
+	return out
+}
+
+// buckets is every KV bucket, each the stream KV_<bucket>.
+var buckets = []string{events.BucketSnapshots, events.BucketHeartbeats, events.BucketParked, events.BucketTrust}
+
+// logConsumers is the API of consumers on stream: create under a name (in
+// the subject, with or without the filter), inspect, pull, delete. Not the
+// legacy ephemeral create (the name only in the body), not list or names.
+func logConsumers(stream string) []string {
+	const api = "$JS.API."
+	return []string{api + "CONSUMER.CREATE." + stream + ".*", api + "CONSUMER.CREATE." + stream + ".*.>",
+		api + "CONSUMER.INFO." + stream + ".*", api + "CONSUMER.DELETE." + stream + ".*", api + "CONSUMER.MSG.NEXT." + stream + ".*"}
+}
+
+// readerAPI is the JetStream API of a role that reads the whole log: the
+// stream's info (never its create or update), consumers and direct gets
+// on it, and every bucket's info, direct gets and watches.
+func readerAPI() []string {
+	const api, log = "$JS.API.", events.StreamName
+	out := concat([]string{api + "INFO", api + "STREAM.INFO." + log, api + "DIRECT.GET." + log + ".>"}, logConsumers(log))
+	for _, b := range buckets {
+		out = append(append(out, api+"STREAM.INFO.KV_"+b, api+"DIRECT.GET.KV_"+b+".>"), logConsumers("KV_"+b)...)
+	}
+	return append(out, "$JS.ACK.>", "$JS.FC.>")
 }
 
 // authored is the subjects of the given aggregates (under the prefix) that
@@ -160,13 +221,9 @@ func (a *Auth) Config() string {
 			fmt.Fprintf(&b, "      # %s\n      {nkey: %s", u.Role, u.Public)
 			if u.Account == Account {
 				b.WriteString(", permissions: {\n")
-				api := jsAPI
-				if u.API != nil {
-					api = u.API
-				}
-				fmt.Fprintf(&b, "        publish: {allow: [%s],\n", quoteAll(append(slicesClone(u.Publish), api...)))
-				fmt.Fprintf(&b, "                  deny: [%s]}\n", quoteAll(jsDeny))
-				b.WriteString("        subscribe: {allow: [\"_INBOX.>\"]}\n      }")
+				fmt.Fprintf(&b, "        publish: {allow: [%s],\n", quoteAll(concat(u.Publish, u.API)))
+				fmt.Fprintf(&b, "                  deny: [%s]}\n", quoteAll(u.Deny))
+				fmt.Fprintf(&b, "        subscribe: {allow: [%s]}\n      }", quoteAll(u.Subscribe))
 			}
 			b.WriteString("}\n")
 		}
@@ -177,35 +234,40 @@ func (a *Auth) Config() string {
 	return b.String()
 }
 
-// jsAPI is what every Berth user publishes to use JetStream: the API
-// (streams, consumers, KV buckets, direct gets), acks and flow control.
-var jsAPI = []string{"$JS.API.>", "$JS.ACK.>", "$JS.FC.>"}
-
 // agentAPI is the JetStream API an agent may call: consumers on the log
 // only with its own host's filter (the server checks the filter in the
 // create subject against the request), direct gets only of its own
-// subjects, and the KV buckets it uses, its own snapshot only. So an agent
-// reads nothing of other hosts' placements, jobs or bookings.
+// subjects, and of the buckets the heartbeats, the trust keys, the parked
+// records and its own snapshot only. So an agent reads nothing of other
+// hosts' placements, jobs or bookings, nor their snapshots.
 func agentAPI(host string) []string {
 	const api, log = "$JS.API.", events.StreamName
 	own := []string{events.HostAttemptsFilter(host), events.HostFilter(host)}
-	out := []string{api + "INFO", api + "STREAM.INFO." + log, api + "STREAM.CREATE." + log, api + "STREAM.UPDATE." + log,
+	out := []string{api + "INFO", api + "STREAM.INFO." + log,
 		api + "CONSUMER.INFO." + log + ".*", api + "CONSUMER.DELETE." + log + ".*", api + "CONSUMER.MSG.NEXT." + log + ".*",
 		"$JS.ACK.>", "$JS.FC.>"}
 	for _, s := range own {
 		out = append(out, api+"CONSUMER.CREATE."+log+".*."+s, api+"DIRECT.GET."+log+"."+s)
 	}
 	// A KV bucket B is the stream KV_B; its key K is the subject $KV.B.K.
-	for _, b := range []string{events.BucketHeartbeats, events.BucketParked, events.BucketSnapshots} {
-		out = append(out, api+"STREAM.INFO.KV_"+b, api+"STREAM.CREATE.KV_"+b, api+"STREAM.UPDATE.KV_"+b)
+	for _, b := range buckets {
+		out = append(out, api+"STREAM.INFO.KV_"+b)
 	}
-	snap := "KV_" + events.BucketSnapshots + ".$KV." + events.BucketSnapshots + "." + events.SnapshotKeyAgent(host)
+	snap := "KV_" + events.BucketSnapshots + "." + kv(events.BucketSnapshots, events.SnapshotKeyAgent(host))
 	return append(out, api+"DIRECT.GET.KV_"+events.BucketHeartbeats+".>", api+"DIRECT.GET.KV_"+events.BucketParked+".>",
-		api+"DIRECT.GET."+snap, api+"DIRECT.GET."+events.SnapshotParts(snap)) // a snapshot in parts
+		api+"DIRECT.GET.KV_"+events.BucketTrust+".>", api+"DIRECT.GET."+snap, api+"DIRECT.GET."+events.SnapshotParts(snap)) // a snapshot in parts
 }
 
-// jsDeny: no service deletes or purges the log (the stream denies it too).
-var jsDeny = []string{"$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>"}
+// serviceDeny is refused to every role but admin and sys whatever else
+// allows it: creating, updating (sealing), deleting or purging a stream or
+// bucket, deleting a message, listing consumers, writing the trust keys.
+var serviceDeny = []string{"$JS.API.STREAM.CREATE.>", "$JS.API.STREAM.UPDATE.>", "$JS.API.STREAM.DELETE.>",
+	"$JS.API.STREAM.PURGE.>", "$JS.API.STREAM.MSG.DELETE.>", "$JS.API.CONSUMER.LIST.>", "$JS.API.CONSUMER.NAMES.>",
+	"$KV." + events.BucketTrust + ".>"}
+
+// adminDeny: not even the admin deletes or purges the log (the stream
+// denies message deletes and purges too).
+var adminDeny = []string{"$JS.API.STREAM.DELETE." + events.StreamName, "$JS.API.STREAM.PURGE." + events.StreamName}
 
 func quoteAll(ss []string) string {
 	q := make([]string, len(ss))
@@ -214,8 +276,6 @@ func quoteAll(ss []string) string {
 	}
 	return strings.Join(q, ", ")
 }
-
-func slicesClone(s []string) []string { return append([]string(nil), s...) }
 
 // Write puts the config block in dir/auth.conf (0644) and each user's seed
 // in dir/<role>.nk (0600), and returns the files written, sorted.
@@ -238,3 +298,36 @@ func (a *Auth) Write(dir string) ([]string, error) {
 	sort.Strings(files)
 	return files, nil
 }
+
+// Table renders every role's permissions as a Markdown table (hosts stand
+// for the agents, e.g. "HOST"): docs/security-nats.md holds it between
+// TableBegin and TableEnd, and a test keeps the two equal.
+func Table(hosts []string) string {
+	var b strings.Builder
+	b.WriteString("| role (seed file) | may publish: facts and KV keys | JetStream API, acks | denied | may subscribe |\n")
+	b.WriteString("| --- | --- | --- | --- | --- |\n")
+	cell := func(ss []string) string {
+		if len(ss) == 0 {
+			return "—"
+		}
+		q := make([]string, len(ss))
+		for i, s := range ss {
+			q[i] = "`" + s + "`"
+		}
+		return strings.Join(q, "<br>")
+	}
+	for _, u := range Permissions(hosts) {
+		if u.Account != Account {
+			fmt.Fprintf(&b, "| %s (`%s.nk`) | system account %s: `nats server report` | — | — | — |\n", u.Role, u.Role, u.Account)
+			continue
+		}
+		fmt.Fprintf(&b, "| %s (`%s.nk`) | %s | %s | %s | %s |\n", u.Role, u.Role, cell(u.Publish), cell(u.API), cell(u.Deny), cell(u.Subscribe))
+	}
+	return b.String()
+}
+
+// The markers around the generated table in docs/security-nats.md.
+const (
+	TableBegin = "<!-- natsauth.Table: begin (generated; go test ./services/natsauth -update-doc) -->"
+	TableEnd   = "<!-- natsauth.Table: end -->"
+)

@@ -26,8 +26,8 @@ func TestWrittenAuthorizationParsesWithOneKeyPerRole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(files) != 1+6 {
-		t.Fatalf("wrote %v, want auth.conf and 6 seeds", files)
+	if len(files) != 1+7 {
+		t.Fatalf("wrote %v, want auth.conf and 7 seeds", files)
 	}
 	conf := filepath.Join(dir, "server.conf")
 	if err := os.WriteFile(conf, []byte("listen: 127.0.0.1:-1\njetstream {store_dir: \""+dir+"\"}\ninclude auth.conf\n"), 0o644); err != nil {
@@ -37,8 +37,8 @@ func TestWrittenAuthorizationParsesWithOneKeyPerRole(t *testing.T) {
 	if err != nil {
 		t.Fatalf("nats-server refuses the config: %v\n%s", err, a.Config())
 	}
-	if opts.SystemAccount != natsauth.SystemAccount || len(opts.Nkeys) != 6 {
-		t.Fatalf("system account %q, %d nkey users; want %s and 6", opts.SystemAccount, len(opts.Nkeys), natsauth.SystemAccount)
+	if opts.SystemAccount != natsauth.SystemAccount || len(opts.Nkeys) != 7 {
+		t.Fatalf("system account %q, %d nkey users; want %s and 7", opts.SystemAccount, len(opts.Nkeys), natsauth.SystemAccount)
 	}
 	byKey := map[string]*server.NkeyUser{}
 	for _, u := range opts.Nkeys {

@@ -6,6 +6,8 @@ package run
 import (
 	"bytes"
 	"context"
+	cryptorand "crypto/rand"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,7 +18,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/berth-ci/berth/events"
@@ -24,6 +25,7 @@ import (
 	"github.com/berth-ci/berth/services/dispatch"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/httpx"
+	"github.com/berth-ci/berth/services/natsauth"
 	"github.com/berth-ci/berth/services/natsembed"
 	"github.com/berth-ci/berth/services/trust"
 	"github.com/berth-ci/berth/services/vmagent"
@@ -143,52 +145,36 @@ func NewSystem() *System {
 	return &System{AgentAddrs: map[string]string{}, failed: make(chan struct{})}
 }
 
+// ensure is `berth dev`'s admin step: it applies the stream and the
+// buckets on the embedded server, as `berth stream apply` does elsewhere.
 func ensure(ctx context.Context, cfg *config.Config) error {
 	nc, js, err := eventlog.Connect(cfg.NATS.URL, "berth-setup")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	return ensureStream(ctx, cfg, js)
-}
-
-// ensureStream creates the stream if needed, or updates its replicas and
-// retention limits to the config; every service does it at start, so any of
-// them can come up first.
-func ensureStream(ctx context.Context, cfg *config.Config, js jetstream.JetStream) error {
-	n := cfg.NATS
-	_, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{Replicas: n.Replicas, DuplicateWindow: n.DuplicateWindow,
-		MaxAge: n.StreamMaxAge(), MaxBytes: int64(n.MaxBytes), MaxMsgs: n.MaxMsgs})
+	_, err = eventlog.Apply(ctx, js, streamConfig(cfg))
 	return err
 }
 
-// connect dials NATS for one service and makes sure the stream exists.
-func connect(ctx context.Context, cfg *config.Config, name string) (*nats.Conn, jetstream.JetStream, error) {
+// connect dials NATS for one service (role: its NATS role, whose inbox
+// prefix it uses) and waits for the stream, which it never changes.
+func connect(ctx context.Context, cfg *config.Config, name, role string) (*nats.Conn, jetstream.JetStream, *streamHealth, error) {
 	opts, err := authOptions(cfg.NATS.CredsFile, cfg.NATS.NKeyFile)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	nc, js, err := eventlog.Connect(cfg.NATS.URL, name, append(opts, eventlog.WaitForServer)...)
+	opts = append(opts, nats.CustomInboxPrefix(natsauth.InboxPrefix(role)), eventlog.WaitForServer)
+	nc, js, err := eventlog.Connect(cfg.NATS.URL, name, opts...)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	// A cluster that is still electing its meta leader answers stream
-	// requests with timeouts for a few seconds: wait for it rather than
-	// exit and rely on a restart policy.
-	err = ensureStream(ctx, cfg, js)
-	for deadline := time.Now().Add(streamWait); err != nil && time.Now().Before(deadline) && ctx.Err() == nil; {
-		slog.Warn("JetStream not ready yet; retrying", "service", name, "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-		err = ensureStream(ctx, cfg, js)
-	}
+	drift, err := awaitStream(ctx, cfg, js, name)
 	if err != nil {
 		nc.Close()
-		return nil, nil, fmt.Errorf("%w (waited %s: is JetStream enabled, and on a cluster do enough nodes run for nats.replicas?)", err, streamWait)
+		return nil, nil, nil, fmt.Errorf("%w (waited %s: is JetStream enabled, and on a cluster do enough nodes run for nats.replicas?)", err, streamWait)
 	}
-	return nc, js, nil
+	return nc, js, newStreamHealth(js, cfg, drift), nil
 }
 
 // streamWait is how long a starting service waits for JetStream.
@@ -227,11 +213,20 @@ func serve(ctx context.Context, s *System, name, addr string, h http.Handler) (s
 // snapshot); a killed process's consumer goes after its InactiveThreshold.
 func consumer(service string) *eventlog.Consumer {
 	inst := instance()
-	nonce := strconv.FormatUint(uint64(time.Now().UnixNano())^uint64(os.Getpid())<<20+consumerSeq.Add(1), 36)
+	// Random, not a clock: the name is the consumer's only guard against
+	// another role that would inspect, pull from or delete it (NATS
+	// permissions cannot match a name prefix; docs/security-nats.md).
+	var r [8]byte
+	_, _ = cryptorand.Read(r[:])
+	nonce := strconv.FormatUint(binary.BigEndian.Uint64(r[:]), 36)
 	return &eventlog.Consumer{Name: "berth-" + service + "-" + consumerSafe(inst) + "-" + nonce}
 }
 
-var consumerSeq atomic.Uint64
+// DispatcherKeyFile is where this instance's dispatcher keeps the curve
+// key it seals placements with: <data_dir>/dispatcher/<instance>/curve.seed.
+func DispatcherKeyFile(cfg *config.Config) string {
+	return filepath.Join(cfg.DataDir, "dispatcher", consumerSafe(instance()), "curve.seed")
+}
 
 // instance names this process among replicas: BERTH_INSTANCE, else the
 // host name.
@@ -335,7 +330,7 @@ func statusHandler(read func(context.Context, func(*events.Fleet)) error) http.H
 
 // Dispatcher starts the dispatcher and its HTTP endpoints.
 func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog.Logger) (*dispatch.Dispatcher, string, error) {
-	nc, js, err := connect(ctx, cfg, "berth-dispatcher")
+	nc, js, sh, err := connect(ctx, cfg, "berth-dispatcher", natsauth.RoleDispatcher)
 	if err != nil {
 		return nil, "", err
 	}
@@ -374,7 +369,7 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 			RegistrationTimeout: cfg.Watchdog.RegistrationTimeout, ProvisionTimeout: cfg.Watchdog.ProvisionTimeout}, MintTimeout: dc.MintTimeout,
 			Retention: cfg.Watchdog.Retention, Budget: budget, Logger: logger,
 			Reconcile:   dispatch.Reconcile{After: dc.ReconcileAfter, Every: dc.ReconcileEvery, Limit: dc.ReconcileLimit},
-			Redeliverer: redeliverer, CurveSeedFile: filepath.Join(cfg.DataDir, "dispatcher", consumerSafe(instance()), "curve.seed")}, metrics)
+			Redeliverer: redeliverer, CurveSeedFile: DispatcherKeyFile(cfg)}, metrics)
 	if err != nil {
 		nc.Close()
 		return nil, "", err
@@ -386,7 +381,10 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 		return nil, "", fmt.Errorf("dispatcher: no webhook secret: set dispatcher.webhook_secret or webhook_secret_env (GitHub signs every delivery with it)")
 	}
 	loopMetrics(reg, d.Loop)
-	mux := httpx.Mux(reg, func() (bool, any) { return loopHealthy(d.Loop) })
+	mux := httpx.Mux(reg, func() (bool, any) {
+		ok, detail := loopHealthy(d.Loop)
+		return sh.add(ok, detail), detail
+	})
 	mux.HandleFunc("GET /status", statusHandler(func(ctx context.Context, fn func(*events.Fleet)) error { return d.Read(ctx, fn) }))
 	mux.Handle("POST /webhook", &dispatch.Intake{Secret: []byte(secret), Log: app, Now: time.Now, Logger: logger, Metrics: metrics})
 	addr, err := serve(ctx, s, "dispatcher", dc.Listen, mux)
@@ -430,7 +428,7 @@ func redelivererFor(dc config.Dispatcher, m *dispatch.GitHubMinter) (dispatch.Re
 
 // Watchdog starts the watchdog and its HTTP endpoints.
 func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.Logger) (*watchdog.Watchdog, string, error) {
-	nc, js, err := connect(ctx, cfg, "berth-watchdog")
+	nc, js, sh, err := connect(ctx, cfg, "berth-watchdog", natsauth.RoleWatchdog)
 	if err != nil {
 		return nil, "", err
 	}
@@ -459,7 +457,7 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 		detail["jobs_waiting_for_slot"] = h.Waiting
 		detail["pools"] = h.Pools
 		detail["cordons"] = h.Cordons
-		return ok && len(h.Alarms) == 0, detail
+		return sh.add(ok && len(h.Alarms) == 0, detail), detail
 	})
 	mux.HandleFunc("GET /status", statusHandler(w.Read))
 	addr, err := serve(ctx, s, "watchdog", wc.Listen, mux)
@@ -492,7 +490,7 @@ func Agent(ctx context.Context, s *System, cfg *config.Config, ac config.Agent, 
 // config (the benchmarks plug an in-process one); the step deadlines still
 // come from ac.Backend's settings (backend.Steps).
 func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Agent, be backend.Backend, logger *slog.Logger) (string, error) {
-	nc, js, err := connect(ctx, cfg, "berth-agent-"+ac.Host)
+	nc, js, sh, err := connect(ctx, cfg, "berth-agent-"+ac.Host, natsauth.AgentRole(ac.Host))
 	if err != nil {
 		return "", err
 	}
@@ -509,7 +507,7 @@ func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Age
 	a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/" + ac.Host, Role: events.RoleAgent}, be, vmagent.Options{
 		Host: ac.Host, Pools: pools, PhysicalCap: ac.PhysicalCap, DataDir: dataDir,
 		CreateTimeout: steps.CreateTimeout, StopTimeout: steps.StopTimeout, RetryBase: steps.RetryBase, Heartbeat: ac.Heartbeat, HeartbeatReplicas: cfg.NATS.Replicas, ShutdownTimeout: ac.ShutdownTimeout,
-		InventoryEvery: ac.InventoryEvery, OrphanGrace: ac.OrphanGrace, Logger: logger, Trust: &trust.Set{},
+		InventoryEvery: ac.InventoryEvery, OrphanGrace: ac.OrphanGrace, Logger: logger, Trust: &trust.Set{JS: js},
 	})
 	if err != nil {
 		nc.Close()
@@ -523,7 +521,10 @@ func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Age
 	a.Loop.Replicas = cfg.NATS.Replicas
 	reg := registry()
 	loopMetrics(reg, a.Loop)
-	addr, err := serve(ctx, s, "agent "+ac.Host, listen, httpx.Mux(reg, func() (bool, any) { return loopHealthy(a.Loop) }))
+	addr, err := serve(ctx, s, "agent "+ac.Host, listen, httpx.Mux(reg, func() (bool, any) {
+		ok, detail := loopHealthy(a.Loop)
+		return sh.add(ok, detail), detail
+	}))
 	if err != nil {
 		nc.Close()
 		return "", err
@@ -563,13 +564,21 @@ func authOptions(creds, nkeyFile string) ([]nats.Option, error) {
 // berth command sets them from --nats-nkey and BERTH_NATS_CREDS).
 var ClientNKey, ClientCreds string
 
-// JetStream opens a client connection for tools (status, events).
+// JetStream opens a client connection for tools (status, events), as the
+// cli role.
 func JetStream(url string) (func(), jetstream.JetStream, error) {
+	return JetStreamAs(url, natsauth.RoleCLI)
+}
+
+// JetStreamAs opens a client connection for a tool acting as role (cli,
+// or admin for `berth stream apply`): role decides the inbox prefix its
+// replies come on.
+func JetStreamAs(url, role string) (func(), jetstream.JetStream, error) {
 	opts, err := authOptions(ClientCreds, ClientNKey)
 	if err != nil {
 		return nil, nil, err
 	}
-	nc, js, err := eventlog.Connect(url, "berth-cli", opts...)
+	nc, js, err := eventlog.Connect(url, "berth-"+role, append(opts, nats.CustomInboxPrefix(natsauth.InboxPrefix(role)))...)
 	if err != nil {
 		return nil, nil, err
 	}

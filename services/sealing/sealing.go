@@ -49,12 +49,19 @@ func Seal(kp nkeys.KeyPair, to string, p Placement) ([]byte, error) {
 
 // Open opens a sealed placement with the agent's curve key kp. by is the
 // sender's curve public key (the fact's sealed_by); trusted says whether it
-// is a trusted dispatcher's; want is what the placement fact says. It
+// is a trusted dispatcher's (an error from it is returned as is: not
+// knowing is not a refusal); want is what the placement fact says. It
 // returns the JIT config, or an error wrapping ErrUntrusted or ErrMismatch
 // that says why it was refused.
-func Open(kp nkeys.KeyPair, sealed []byte, by string, trusted func(string) bool, want Placement) ([]byte, error) {
-	if trusted != nil && !trusted(by) {
-		return nil, fmt.Errorf("%w: %s (the admin trusts a dispatcher with `berth trust add`)", ErrUntrusted, by)
+func Open(kp nkeys.KeyPair, sealed []byte, by string, trusted func(string) (bool, error), want Placement) ([]byte, error) {
+	if trusted != nil {
+		ok, err := trusted(by)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, fmt.Errorf("%w: %s (the admin trusts a dispatcher with `berth trust add`)", ErrUntrusted, by)
+		}
 	}
 	b, err := kp.Open(sealed, by)
 	if err != nil {

@@ -29,13 +29,13 @@ func TestASealedPlacementOpensOnlyTrustedAndMatching(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	trusted := func(k string) bool { return k == dpub }
+	trusted := func(k string) (bool, error) { return k == dpub, nil }
 	want := p
 	want.JIT, want.BookedSeq = nil, 0
 	if jit, err := sealing.Open(agent, sealed, dpub, trusted, want); err != nil || string(jit) != "jit" {
 		t.Fatalf("open: %q, %v", jit, err)
 	}
-	if _, err := sealing.Open(agent, sealed, dpub, func(string) bool { return false }, want); !errors.Is(err, sealing.ErrUntrusted) {
+	if _, err := sealing.Open(agent, sealed, dpub, func(string) (bool, error) { return false, nil }, want); !errors.Is(err, sealing.ErrUntrusted) {
 		t.Fatalf("an untrusted sender opened: %v", err)
 	}
 	other := want

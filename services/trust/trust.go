@@ -8,8 +8,7 @@ package trust
 import (
 	"context"
 	"errors"
-	"log/slog"
-	"strings"
+	"fmt"
 	"sync"
 	"time"
 
@@ -17,101 +16,63 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Set is the trusted dispatcher keys, kept current by Watch. Safe for
-// concurrent use; the zero value trusts nothing.
+// Set answers whether a dispatcher key is trusted, reading berth_trust
+// key by key (a direct get: an agent may read that bucket, not list or
+// watch it) and remembering a trusted key for CacheFor, so a key the admin
+// deletes is refused again within that time. Safe for concurrent use.
 type Set struct {
-	mu   sync.RWMutex
-	keys map[string]string // curve public key → whose (the entry's value)
-	seen bool              // the bucket was read at least once
+	JS jetstream.JetStream
+	// CacheFor is how long a trusted answer is kept; 0 means 1 min.
+	CacheFor time.Duration
+	Now      func() time.Time
+
+	mu   sync.Mutex
+	seen map[string]time.Time // key → when it was read trusted
 }
 
-// Dispatcher reports whether pub is a trusted dispatcher's sealing key.
-func (s *Set) Dispatcher(pub string) bool {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	_, ok := s.keys[pub]
-	return ok
-}
+// ErrUnreadable: the bucket did not answer; nothing is known (law 7), so
+// the caller waits and asks again rather than refusing.
+var ErrUnreadable = errors.New("trust bucket unreadable")
 
-// Ready reports whether the bucket has been read: until then every key is
-// unknown, and a refusal says so.
-func (s *Set) Ready() bool {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.seen
-}
-
-// Len is how many dispatcher keys are trusted.
-func (s *Set) Len() int {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return len(s.keys)
-}
-
-func (s *Set) put(key, value string, deleted bool) {
-	pub, ok := strings.CutPrefix(key, "dispatcher.")
-	if !ok {
-		return
+// Dispatcher reports whether pub is a trusted dispatcher's sealing key. A
+// key that is not in the bucket is untrusted (false, nil); a bucket that
+// does not answer is an error wrapping ErrUnreadable.
+func (s *Set) Dispatcher(ctx context.Context, pub string) (bool, error) {
+	now := time.Now
+	if s.Now != nil {
+		now = s.Now
+	}
+	cache := s.CacheFor
+	if cache <= 0 {
+		cache = time.Minute
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.keys == nil {
-		s.keys = map[string]string{}
-	}
-	if deleted {
-		delete(s.keys, pub)
-	} else {
-		s.keys[pub] = value
-	}
-}
-
-func (s *Set) markSeen() {
-	s.mu.Lock()
-	s.seen = true
+	at, ok := s.seen[pub]
 	s.mu.Unlock()
-}
-
-// Watch keeps s current with the trust bucket until ctx ends: a key the
-// admin adds is trusted within a moment, one it deletes is no longer
-// trusted (rotation). A bucket that does not exist yet is waited for.
-func Watch(ctx context.Context, js jetstream.JetStream, s *Set, logger *slog.Logger) {
-	for ctx.Err() == nil {
-		if err := watchOnce(ctx, js, s); err != nil && ctx.Err() == nil {
-			logger.Warn("trust bucket not readable yet; sealed placements wait (the admin creates it: `berth stream apply`)",
-				"bucket", events.BucketTrust, "err", err)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(2 * time.Second):
-		}
+	if ok && now().Sub(at) < cache {
+		return true, nil
 	}
-}
-
-func watchOnce(ctx context.Context, js jetstream.JetStream, s *Set) error {
-	kv, err := js.KeyValue(ctx, events.BucketTrust)
+	kv, err := s.JS.KeyValue(ctx, events.BucketTrust)
 	if err != nil {
-		return err
+		return false, fmt.Errorf("%w: %v (the admin creates it: `berth stream apply`)", ErrUnreadable, err)
 	}
-	w, err := kv.WatchAll(ctx)
-	if err != nil {
-		return err
+	_, err = kv.Get(ctx, events.TrustKeyDispatcher(pub))
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+		s.mu.Lock()
+		delete(s.seen, pub)
+		s.mu.Unlock()
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("%w: %v", ErrUnreadable, err)
 	}
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case e, ok := <-w.Updates():
-			if !ok {
-				return errors.New("trust watch ended")
-			}
-			if e == nil { // the initial values are all delivered
-				s.markSeen()
-				continue
-			}
-			s.put(e.Key(), string(e.Value()), e.Operation() != jetstream.KeyValuePut)
-		}
+	s.mu.Lock()
+	if s.seen == nil {
+		s.seen = map[string]time.Time{}
 	}
+	s.seen[pub] = now()
+	s.mu.Unlock()
+	return true, nil
 }
 
 // AddDispatcher trusts pub, naming whose it is. Only the admin's

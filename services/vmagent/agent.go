@@ -50,9 +50,9 @@ type Options struct {
 	// RetryBase is the first wait before a failed or overrun stop is tried
 	// again; it doubles up to 5 min. 0 means 5 s.
 	RetryBase time.Duration
-	// Trust holds the dispatchers' keys this agent accepts placements
-	// sealed by (kept current from berth_trust while the agent runs); nil
-	// accepts any sender (tests that seal with a key of their own).
+	// Trust says which dispatchers' keys this agent accepts placements
+	// sealed by (berth_trust); nil accepts any sender (tests that seal with
+	// a key of their own).
 	Trust  *trust.Set
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -135,13 +135,6 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	a.opts.Logger.Info("agent online", "pools", len(a.opts.Pools), "physical_cap", a.opts.PhysicalCap, "backend", a.backend.Name())
-	if a.opts.Trust != nil {
-		a.wg.Add(1)
-		go func() {
-			defer a.wg.Done()
-			trust.Watch(ctx, a.js, a.opts.Trust, a.opts.Logger)
-		}()
-	}
 	if a.opts.ShutdownTimeout <= 0 {
 		a.wg.Add(2)
 		go a.heartbeat(ctx, kv)
@@ -267,11 +260,11 @@ func (a *Agent) call(ctx context.Context, c events.Call) {
 	var at *events.Attempt
 	switch c := c.(type) {
 	case CreateCall:
-		if at = a.Fold.Attempts[c.Attempt]; at != nil && a.trustRead(at) {
+		if at = a.Fold.Attempts[c.Attempt]; at != nil {
 			a.startCreate(ctx, at)
 		}
 	case AssignCall:
-		if at = a.Fold.Attempts[c.Attempt]; at != nil && a.trustRead(at) {
+		if at = a.Fold.Attempts[c.Attempt]; at != nil {
 			a.startAssign(ctx, at)
 		}
 	case StopCall:
@@ -285,13 +278,6 @@ func (a *Agent) call(ctx context.Context, c events.Call) {
 			a.opts.Logger.Warn("re-announce failed; will retry", "err", err)
 		}
 	}
-}
-
-// trustRead: a sealed placement waits until the trust bucket has been
-// read, so a just-started agent does not refuse what a trusted dispatcher
-// sealed; a warm boot carries nothing sealed.
-func (a *Agent) trustRead(at *events.Attempt) bool {
-	return a.opts.Trust == nil || a.opts.Trust.Ready() || (at.Warm && !at.Assigned)
 }
 
 // housekeep keeps the agent's memory flat in jobs served (law 5).
@@ -361,7 +347,7 @@ func (a *Agent) startAssign(ctx context.Context, at *events.Attempt) {
 	go func() {
 		defer a.wg.Done()
 		start := time.Now()
-		jit, err := a.open(want, sealed, sealedBy)
+		jit, err := a.open(ctx, want, sealed, sealedBy)
 		if err == nil {
 			err = writeJIT(vm, jit)
 		}
@@ -406,7 +392,7 @@ func (a *Agent) startCreate(ctx context.Context, at *events.Attempt) {
 			err = os.MkdirAll(vm.WorkDir, 0o700)
 		} else {
 			var jit []byte
-			if jit, err = a.open(want, sealed, sealedBy); err == nil {
+			if jit, err = a.open(ctx, want, sealed, sealedBy); err == nil {
 				err = writeJIT(vm, jit)
 			}
 		}
@@ -523,10 +509,10 @@ func (a *Agent) step(ctx context.Context, timeout time.Duration, fn func(context
 // open opens a placement's sealed JIT config only when a trusted
 // dispatcher sealed it for this very attempt and booking (law 10); a
 // refusal says why, and becomes the attempt's failure.
-func (a *Agent) open(at events.Attempt, sealed []byte, by string) ([]byte, error) {
-	var trusted func(string) bool
+func (a *Agent) open(ctx context.Context, at events.Attempt, sealed []byte, by string) ([]byte, error) {
+	var trusted func(string) (bool, error)
 	if a.opts.Trust != nil {
-		trusted = a.opts.Trust.Dispatcher
+		trusted = func(pub string) (bool, error) { return a.trusted(ctx, pub) }
 	}
 	jit, err := sealing.Open(a.curve, sealed, by, trusted,
 		sealing.Placement{Attempt: at.ID, Host: at.Host, Pool: at.Pool, JobID: at.JobID})
@@ -534,6 +520,26 @@ func (a *Agent) open(at events.Attempt, sealed []byte, by string) ([]byte, error
 		a.opts.Logger.Error("placement refused: not opened, no VM started", "attempt", at.ID, "job", at.JobID, "err", err)
 	}
 	return jit, err
+}
+
+// trusted asks the trust bucket about a sealing key, again for up to the
+// create deadline while the bucket does not answer: not knowing is no
+// refusal (law 7).
+func (a *Agent) trusted(ctx context.Context, pub string) (bool, error) {
+	deadline := time.Now().Add(a.opts.CreateTimeout)
+	for {
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ok, err := a.opts.Trust.Dispatcher(tctx, pub)
+		cancel()
+		if !errors.Is(err, trust.ErrUnreadable) || time.Now().After(deadline) || ctx.Err() != nil {
+			return ok, err
+		}
+		a.opts.Logger.Warn("trust bucket unreadable; asking again", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 func writeJIT(vm backend.VM, jit []byte) error {

@@ -21,7 +21,9 @@ import (
 // issue 16).
 func TestAnAgentOpensOnlyPlacementsATrustedDispatcherSealedForThem(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, func(o *vmagent.Options) { o.Trust = &trust.Set{} })
+	var set trust.Set
+	h := newHarness(t, func(o *vmagent.Options) { o.Trust = &set })
+	set.JS = h.js
 	trusted, _ := h.sealer.PublicKey()
 	if err := trust.AddDispatcher(context.Background(), h.js, trusted, "the test's dispatcher"); err != nil {
 		t.Fatal(err)

@@ -103,7 +103,7 @@ func TestPerServiceKeysServeJobsAndRefuseForeignFacts(t *testing.T) {
 	if m, err := st.GetLastMsgForSubject(ctx, events.JobSubject(1)); err == nil {
 		t.Errorf("a refused job fact was stored at seq %d", m.Sequence)
 	}
-	if m, err := st.GetLastMsgForSubject(ctx, events.HostSubject("host-b")); err != nil || !strings.Contains(string(m.Data), events.TypeHostOnline) {
+	if m, err := st.GetLastMsgForSubject(ctx, events.HostSubject("host-b")+"."+string(events.RoleAgent)); err != nil || !strings.Contains(string(m.Data), events.TypeHostOnline) {
 		t.Errorf("host-b's last fact: %v; want its own online announcement, not host-a's forgery", err)
 	}
 
@@ -131,7 +131,7 @@ func publishAs(t *testing.T, url, file, subject string) error {
 		t.Fatal(err)
 	}
 	errc := make(chan error, 4)
-	nc, err := nats.Connect(url, opt, nats.Timeout(2*time.Second), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+	nc, err := nats.Connect(url, opt, nats.Timeout(2*time.Second), inboxOf(file), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		errc <- err
 	}))
 	if err != nil {
@@ -161,7 +161,7 @@ func readAs(t *testing.T, url, file string, read func(jetstream.JetStream, conte
 		t.Fatal(err)
 	}
 	errc := make(chan error, 8)
-	nc, err := nats.Connect(url, opt, nats.Timeout(2*time.Second), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+	nc, err := nats.Connect(url, opt, nats.Timeout(2*time.Second), inboxOf(file), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		errc <- err
 	}))
 	if err != nil {
@@ -189,4 +189,10 @@ func readAs(t *testing.T, url, file string, read func(jetstream.JetStream, conte
 			return rerr
 		}
 	}
+}
+
+// inboxOf is the inbox prefix of the role whose seed is file (<role>.nk):
+// a role may subscribe to its own inboxes only.
+func inboxOf(file string) nats.Option {
+	return nats.CustomInboxPrefix(natsauth.InboxPrefix(strings.TrimSuffix(filepath.Base(file), ".nk")))
 }

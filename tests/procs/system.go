@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -100,6 +101,7 @@ func Start(t *testing.T, o Options) *System {
 	s.wg.Add(2)
 	go func() { defer s.wg.Done(); s.vms.run(s.ctx) }()
 	go func() { defer s.wg.Done(); s.redeliver(s.ctx) }()
+	s.ApplyStream()
 	s.startServices(o, dispAddrs)
 	for _, u := range append(append([]string{}, s.DispatcherURLs...), s.WatchdogURLs...) {
 		s.awaitHealthz(u, 30*time.Second)
@@ -168,7 +170,7 @@ func (s *System) startNATSWithAuth(o Options) []nats.Option {
 		if err != nil {
 			t.Fatal(err)
 		}
-		clientOpts = append(clientOpts, opt)
+		clientOpts = append(clientOpts, opt, nats.CustomInboxPrefix(natsauth.InboxPrefix(natsauth.RoleCLI)))
 	}
 	s.NATS = startNATS(t, s.Bins.NATS, s.Dir, s.tag, o.NATSNodes, s.Auth, clientOpts)
 	return clientOpts
@@ -205,6 +207,45 @@ func (s *System) startSim(o Options) []string {
 	return dispAddrs
 }
 
+// ApplyStream runs the operator's first step, `berth stream apply`, with
+// the admin's key under Options.Auth: the services only verify the stream.
+func (s *System) ApplyStream() string {
+	s.t.Helper()
+	b, err := yaml.Marshal(s.Config)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	path := filepath.Join(s.Dir, "stream-apply.yaml")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		s.t.Fatal(err)
+	}
+	argv := []string{"--nats", s.NATS.URL()}
+	if s.Auth != nil {
+		argv = append(argv, "--nats-nkey", s.seedFile(natsauth.RoleAdmin))
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, 90*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, s.Bins.Berth, append(argv, "stream", "apply", "--config", path)...).CombinedOutput()
+	if err != nil {
+		s.t.Fatalf("berth stream apply: %v\n%s", err, out)
+	}
+	if s.Auth != nil {
+		// The admin's second step: trust the dispatchers' sealing key (they
+		// share one here: one data_dir, one host name), or agents refuse
+		// every placement.
+		key, err := exec.CommandContext(ctx, s.Bins.Berth, "dispatcher", "key", "--config", path).Output()
+		if err != nil {
+			s.t.Fatalf("berth dispatcher key: %v", err)
+		}
+		trusted, err := exec.CommandContext(ctx, s.Bins.Berth, append(argv, "trust", "add", strings.TrimSpace(string(key)))...).CombinedOutput()
+		if err != nil {
+			s.t.Fatalf("berth trust add: %v\n%s", err, trusted)
+		}
+		out = append(out, trusted...)
+	}
+	return string(out)
+}
+
 // startServices starts the dispatchers, the watchdogs and one agent per
 // host, each with its own role's credentials.
 func (s *System) startServices(o Options, dispAddrs []string) {
@@ -213,12 +254,6 @@ func (s *System) startServices(o Options, dispAddrs []string) {
 		c.NATS.NKeyFile = s.seedFile(natsauth.RoleDispatcher)
 		c.Dispatcher.Listen = dispAddrs[i]
 		s.Dispatchers = append(s.Dispatchers, s.service(o, fmt.Sprintf("dispatcher-%d", i), &c, "dispatcher"))
-		if i == 0 {
-			// The first dispatcher creates the stream; the others find it
-			// (services that race to create an R3 stream on a fresh cluster
-			// wait for each other's timeouts).
-			s.awaitHealthz(s.DispatcherURLs[0], 30*time.Second)
-		}
 	}
 	for i := range o.Watchdogs {
 		c := *s.Config

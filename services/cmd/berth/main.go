@@ -100,7 +100,7 @@ func root() *cobra.Command {
 		hostActionCmd(&natsURL, "cordon", "Stop placing new jobs on a host (running jobs go on)"),
 		hostActionCmd(&natsURL, "uncordon", "Let a cordoned host take new jobs again"),
 		hostActionCmd(&natsURL, "drain", "Take a host out of service: no new jobs, idle runners are stopped, running jobs finish"),
-		hostsCmd(&natsURL), jobsCmd(&natsURL), releaseCmd(&natsURL), natsAuthCmd())
+		hostsCmd(&natsURL), jobsCmd(&natsURL), releaseCmd(&natsURL), natsAuthCmd(), streamCmd(&natsURL))
 	return cmd
 }
 
@@ -196,6 +196,9 @@ func serviceCmd(name string, natsURL *string) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "/etc/berth/berth.yaml", "config file")
+	if name == "dispatcher" {
+		cmd.AddCommand(dispatcherKeyCmd())
+	}
 	return cmd
 }
 
@@ -241,6 +244,7 @@ func agentCmd(natsURL *string) *cobra.Command {
 
 func statusCmd(natsURL *string) *cobra.Command {
 	var asJSON, watch bool
+	var cfgPath string
 	var every time.Duration
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -274,12 +278,22 @@ func statusCmd(natsURL *string) *cobra.Command {
 			if err != nil {
 				return readError(err)
 			}
+			if cfgPath != "" {
+				c, err := loadConfig(cfgPath)
+				if err != nil {
+					return err
+				}
+				if st.StreamDrift, err = run.StreamDrift(ctx, js, c); err != nil {
+					return natsError{err}
+				}
+			}
 			return cli.PrintStatus(cmd.OutOrStdout(), st, asJSON, time.Now())
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (the stable contract)")
 	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "print again every --every until interrupted (folds only new facts)")
 	cmd.Flags().DurationVar(&every, "every", 2*time.Second, "interval for --watch")
+	cmd.Flags().StringVar(&cfgPath, "config", "", "config file whose nats section the stream is compared with (stream_drift)")
 	return cmd
 }
 
@@ -527,8 +541,9 @@ func natsAuthCmd() *cobra.Command {
 		Short: "Write NATS authorization for Berth: one nkey per service, each allowed only its own facts",
 		Long: "nats-auth writes auth.conf (the BERTH account with JetStream, one user per service with the\n" +
 			"subjects its role may publish, and a system-account user) and one seed file per user (0600):\n" +
-			"dispatcher.nk, watchdog.nk, cli.nk, agent-HOST.nk for each host, sys.nk. Agents may publish\n" +
-			"only their own host's facts; the dispatcher no host facts; the watchdog no job facts.\n" +
+			"dispatcher.nk, watchdog.nk, cli.nk, admin.nk, agent-HOST.nk for each host, sys.nk. Agents may\n" +
+			"publish only their own host's facts; the dispatcher no host facts; the watchdog no job facts;\n" +
+			"only admin (keep it with the operators) creates and updates the stream: berth stream apply.\n" +
 			"Running it again makes new keys (rotation): restart NATS and the services after.",
 		Example: `  berth nats-auth --hosts mac-mini-01,linux-01 --out /etc/nats/berth
   # nats-server.conf: include /etc/nats/berth/auth.conf
@@ -551,13 +566,57 @@ func natsAuthCmd() *cobra.Command {
 			for _, f := range files {
 				fmt.Fprintln(w, "wrote", f)
 			}
-			fmt.Fprintf(w, "next: add `include %s` to nats-server.conf and restart it; give each service its\n"+
+			fmt.Fprintf(w, "next: add `include %s` to nats-server.conf and restart it; run\n"+
+				"berth --nats-nkey %s stream apply --config berth.yaml; give each service its\n"+
 				"seed as nats.nkey_file (agents: agent-HOST.nk); tools: berth --nats-nkey %s status\n",
-				filepath.Join(out, "auth.conf"), filepath.Join(out, "cli.nk"))
+				filepath.Join(out, "auth.conf"), filepath.Join(out, "admin.nk"), filepath.Join(out, "cli.nk"))
 			return nil
 		},
 	}
 	cmd.Flags().StringSliceVar(&hosts, "hosts", nil, "the agents' host names, comma-separated")
 	cmd.Flags().StringVar(&out, "out", "nats-auth", "directory to write auth.conf and the seed files into")
+	return cmd
+}
+
+func streamCmd(natsURL *string) *cobra.Command {
+	cmd := &cobra.Command{Use: "stream", Short: "Administer the event log's stream and KV buckets (admin credential)"}
+	var cfgPath string
+	apply := &cobra.Command{
+		Use:   "apply",
+		Short: "Create or update the stream and the KV buckets to the config's nats section",
+		Long: "apply creates BERTH_EVENTS and the KV buckets (snapshots, heartbeats, parked, trust), or updates\n" +
+			"them to the config's nats section (max_age, max_bytes, max_msgs, replicas, duplicate_window), and\n" +
+			"prints what changed. It is idempotent. Only the admin credential (admin.nk from berth nats-auth)\n" +
+			"may do it: services only check that the stream is there and report drift on /healthz.",
+		Example: `  berth --nats-nkey /etc/nats/berth/admin.nk stream apply --config /etc/berth/berth.yaml`,
+		Args:    exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := loadConfig(cfgPath)
+			if err != nil {
+				return err
+			}
+			url := c.NATS.URL
+			if url == "" || cmd.Flags().Changed("nats") {
+				url = *natsURL
+			}
+			closeNC, js, err := run.JetStreamAs(url, natsauth.RoleAdmin)
+			if err != nil {
+				return natsError{err}
+			}
+			defer closeNC()
+			ctx, cancel := context.WithTimeout(cmd.Context(), time.Minute)
+			defer cancel()
+			lines, err := run.ApplyStream(ctx, js, c)
+			for _, l := range lines {
+				fmt.Fprintln(cmd.OutOrStdout(), l)
+			}
+			if err != nil {
+				return natsError{fmt.Errorf("%w (is this the admin credential? berth --nats-nkey admin.nk stream apply)", err)}
+			}
+			return nil
+		},
+	}
+	apply.Flags().StringVar(&cfgPath, "config", "/etc/berth/berth.yaml", "config file (its nats section)")
+	cmd.AddCommand(apply)
 	return cmd
 }

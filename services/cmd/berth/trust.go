@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/services/run"
+	"github.com/berth-ci/berth/services/sealing"
 	"github.com/berth-ci/berth/services/trust"
 	"github.com/nats-io/nkeys"
 	"github.com/spf13/cobra"
@@ -47,5 +48,32 @@ func trustCmd(natsURL *string) *cobra.Command {
 	}
 	add.Flags().StringVar(&name, "name", "dispatcher", "whose key it is, kept beside it")
 	cmd.AddCommand(add)
+	return cmd
+}
+
+// dispatcherKeyCmd prints the dispatcher's sealing key, making it first if
+// need be, so the admin can trust it before the dispatcher ever starts:
+// berth trust add $(berth dispatcher key --config berth.yaml).
+func dispatcherKeyCmd() *cobra.Command {
+	var cfgPath string
+	cmd := &cobra.Command{
+		Use:   "key",
+		Short: "Print this dispatcher's sealing key (made now if it has none), for `berth trust add`",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := loadConfig(cfgPath)
+			if err != nil {
+				return err
+			}
+			kp, err := sealing.LoadKey(run.DispatcherKeyFile(c))
+			if err != nil {
+				return err
+			}
+			pub, _ := kp.PublicKey()
+			fmt.Fprintln(cmd.OutOrStdout(), pub)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&cfgPath, "config", "/etc/berth/berth.yaml", "config file")
 	return cmd
 }

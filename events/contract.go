@@ -166,4 +166,8 @@ const (
 	MetricLogConsumerPending        = "berth_log_consumer_pending"
 	MetricLogParkedTotal            = "berth_log_parked_total"
 	MetricLogRefusedTotal           = "berth_log_refused_total"
+	// MetricLogDuplicateMismatchTotal: duplicate answers whose stored
+	// fact, read back, was not the writer's own (another fact held its
+	// id); each was appended again under a fresh id (issue 17).
+	MetricLogDuplicateMismatchTotal = "berth_log_duplicate_mismatch_total"
 )

@@ -138,6 +138,9 @@ const (
 	MetricPoolWarmVMs              = "berth_pool_warm_vms"
 	MetricPoolWarmTarget           = "berth_pool_warm_target"
 	MetricPoolWarmRefillLagSeconds = "berth_pool_warm_refill_lag_seconds"
+	// MetricRunnersSweptTotal: Berth-named runner registrations the
+	// runner sweep deleted because no live attempt accounted for them.
+	MetricRunnersSweptTotal = "berth_runners_swept_total"
 )
 
 // Watchdog fleet gauges. Writer: services/watchdog (metrics.go).

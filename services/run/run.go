@@ -375,7 +375,9 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts, Warm: warmPools(dc.WarmPools),
 			RegistrationTimeout: cfg.Watchdog.RegistrationTimeout, ProvisionTimeout: cfg.Watchdog.ProvisionTimeout}, MintTimeout: dc.MintTimeout,
 			Retention: cfg.Watchdog.Retention, Budget: budget, Logger: logger,
-			Reconcile:   dispatch.Reconcile{After: dc.ReconcileAfter, Every: dc.ReconcileEvery, Limit: dc.ReconcileLimit},
+			Reconcile:  dispatch.Reconcile{After: dc.ReconcileAfter, Every: dc.ReconcileEvery, Limit: dc.ReconcileLimit},
+			Sweep:      dispatch.Sweep{Every: dc.RunnerSweepEvery, Grace: dc.RunnerSweepGrace, Limit: dc.RunnerSweepLimit},
+			SweepScope: dc.GitHub.Scope, SweepOrg: dc.GitHub.Org,
 			Redeliverer: redeliverer, CurveSeedFile: filepath.Join(cfg.DataDir, "dispatcher", consumerSafe(instance()), "curve.seed")}, metrics)
 	if err != nil {
 		nc.Close()

@@ -139,6 +139,9 @@ const (
 	MetricPoolWarmVMs              = "berth_pool_warm_vms"
 	MetricPoolWarmTarget           = "berth_pool_warm_target"
 	MetricPoolWarmRefillLagSeconds = "berth_pool_warm_refill_lag_seconds"
+	// MetricRunnersSweptTotal: Berth-named runner registrations the
+	// runner sweep deleted because no live attempt accounted for them.
+	MetricRunnersSweptTotal = "berth_runners_swept_total"
 )
 
 // Watchdog fleet gauges. Writer: services/watchdog (metrics.go).
@@ -167,4 +170,8 @@ const (
 	MetricLogConsumerPending        = "berth_log_consumer_pending"
 	MetricLogParkedTotal            = "berth_log_parked_total"
 	MetricLogRefusedTotal           = "berth_log_refused_total"
+	// MetricLogDuplicateMismatchTotal: duplicate answers whose stored
+	// fact, read back, was not the writer's own (another fact held its
+	// id); each was appended again under a fresh id (issue 17).
+	MetricLogDuplicateMismatchTotal = "berth_log_duplicate_mismatch_total"
 )

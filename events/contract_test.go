@@ -68,6 +68,8 @@ var pinned = []struct{ name, got, want string }{
 	{"MetricLogConsumerPending", events.MetricLogConsumerPending, "berth_log_consumer_pending"},
 	{"MetricLogParkedTotal", events.MetricLogParkedTotal, "berth_log_parked_total"},
 	{"MetricLogRefusedTotal", events.MetricLogRefusedTotal, "berth_log_refused_total"},
+	{"MetricRunnersSweptTotal", events.MetricRunnersSweptTotal, "berth_runners_swept_total"},
+	{"MetricLogDuplicateMismatchTotal", events.MetricLogDuplicateMismatchTotal, "berth_log_duplicate_mismatch_total"},
 }
 
 func TestContractValuesArePinned(t *testing.T) {

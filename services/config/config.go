@@ -114,6 +114,14 @@ type Dispatcher struct {
 	// the log does not hold, through the hook-deliveries API of the App
 	// (github.app) or of the webhook github.hook_id names. Off by default.
 	ReconcileRedeliver bool `yaml:"reconcile_redeliver"`
+	// RunnerSweepEvery paces the runner sweep (plus up to a fifth in
+	// jitter): GitHub's self-hosted runners are listed, and those named
+	// after a Berth attempt that no live attempt accounts for (a lost mint
+	// answer or placement) for RunnerSweepGrace are deleted, at most
+	// RunnerSweepLimit a pass. A failed or empty list deletes nothing.
+	RunnerSweepEvery time.Duration `yaml:"runner_sweep_every"`
+	RunnerSweepGrace time.Duration `yaml:"runner_sweep_grace"`
+	RunnerSweepLimit int           `yaml:"runner_sweep_limit"`
 	// WarmPools keeps VMs booted before their jobs arrive, per pool; the
 	// pool's hosts need a backend with an assign step (exec: an assign
 	// command). None by default.
@@ -270,6 +278,9 @@ func (c *Config) Defaults() {
 	or(&d.ReconcileAfter, 5*time.Minute)
 	or(&d.ReconcileEvery, time.Minute)
 	or(&d.ReconcileLimit, 20)
+	or(&d.RunnerSweepEvery, 5*time.Minute)
+	or(&d.RunnerSweepGrace, 10*time.Minute)
+	or(&d.RunnerSweepLimit, 20)
 	or(&d.GitHub.APIURL, "https://api.github.com/")
 	or(&d.GitHub.Scope, "org")
 	w := &c.Watchdog
@@ -321,6 +332,9 @@ func (c *Config) Validate() error {
 	if r := c.Dispatcher.GitHub.HookRepo; r != "" && strings.Count(r, "/") != 1 {
 		bad("dispatcher.github.hook_repo %q: give owner/repo", r)
 	}
+	if d := c.Dispatcher; d.RunnerSweepEvery < 0 || d.RunnerSweepGrace < 0 {
+		bad("dispatcher.runner_sweep_every %v / runner_sweep_grace %v: give positive durations (the grace outlasts a lost answer's retries: 10m)", d.RunnerSweepEvery, d.RunnerSweepGrace)
+	}
 	c.validateRetention(bad)
 	c.validateWarm(bad)
 	c.validateCounts(bad)
@@ -335,7 +349,8 @@ func (c *Config) validateCounts(bad func(string, ...any)) {
 		key      string
 		v, least int
 	}{{"nats.replicas", c.NATS.Replicas, 1}, {"dispatcher.max_attempts", c.Dispatcher.MaxAttempts, 1},
-		{"dispatcher.reconcile_limit", c.Dispatcher.ReconcileLimit, 1}, {"watchdog.abandoned_cap", c.Watchdog.AbandonedCap, 1}} {
+		{"dispatcher.reconcile_limit", c.Dispatcher.ReconcileLimit, 1}, {"dispatcher.runner_sweep_limit", c.Dispatcher.RunnerSweepLimit, 1},
+		{"watchdog.abandoned_cap", c.Watchdog.AbandonedCap, 1}} {
 		if n.v < n.least {
 			bad("%s %d: give at least %d", n.key, n.v, n.least)
 		}

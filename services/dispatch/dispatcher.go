@@ -71,6 +71,12 @@ type Options struct {
 	// round also ask GitHub to redeliver failed workflow_job deliveries the
 	// log does not hold (config: dispatcher.reconcile_redeliver).
 	Redeliverer Redeliverer
+	// Sweep, when Every > 0 (and the Minter is a RunnerLister), deletes
+	// Berth-named runners no live attempt accounts for (sweep.go), listing
+	// the runners of SweepOrg, or of every owner (SweepScope "org") or
+	// repository ("repo") the fold names.
+	Sweep                Sweep
+	SweepScope, SweepOrg string
 	// CurveSeedFile keeps the curve key placements are sealed by, so the
 	// key the admin trusts (berth_trust) survives a restart; "" makes a
 	// fresh key each start (tests).
@@ -103,6 +109,7 @@ type Dispatcher struct {
 	busy         map[string]time.Time // attempts GitHub reported busy → leave alone until
 	redelivered  map[string]time.Time // delivery GUIDs asked for again → when
 	redelivering bool                 // a redelivery round is running
+	sweeps       sweepState
 	wg           sync.WaitGroup
 }
 
@@ -217,6 +224,7 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 	}
 	d.Execute(ctx, Decide(d.Fold, params).Steps(), d.call)
 	d.reconcile(ctx, now)
+	d.sweep(ctx, now)
 	d.housekeep(now)
 	// Gauges from a full status view once a second, not on every batch:
 	// the view is O(fleet) and decisions must stay cheap.

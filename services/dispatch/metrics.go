@@ -20,6 +20,7 @@ type Metrics struct {
 	apiRemaining prometheus.Gauge
 	apiBlocked   prometheus.Gauge
 	conflicts    prometheus.Counter
+	swept        prometheus.Counter
 	// queueSeconds: queued → a runner took the job; onlineSeconds: queued →
 	// the runner booked for it started. Both per pool.
 	queueSeconds, onlineSeconds *prometheus.HistogramVec
@@ -55,6 +56,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Seconds until GitHub allows calls again (0: not rate limited)."})
 	m.conflicts = prometheus.NewCounter(prometheus.CounterOpts{Name: events.MetricJobConflictsTotal,
 		Help: "Jobs GitHub reported in progress on a runner already bound to another job (BL-17)."})
+	m.swept = prometheus.NewCounter(prometheus.CounterOpts{Name: events.MetricRunnersSweptTotal,
+		Help: "Berth-named runner registrations the runner sweep deleted: no live attempt accounted for them (a lost mint answer or placement)."})
 	m.queueSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: events.MetricJobQueueSeconds,
 		Help: "Time from a job's queued webhook to the in_progress webhook of the runner that took it, per pool.", Buckets: latencyBuckets},
 		[]string{"pool"})
@@ -70,7 +73,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "How long the pool has had fewer idle warm VMs than its target (0: at target)."}, []string{"pool"})
 	m.belowSince = map[string]time.Time{}
 	reg.MustRegister(m.warm, m.warmTarget, m.refillLag)
-	reg.MustRegister(m.apiRemaining, m.apiBlocked, m.conflicts, m.queueSeconds, m.onlineSeconds)
+	reg.MustRegister(m.apiRemaining, m.apiBlocked, m.conflicts, m.swept, m.queueSeconds, m.onlineSeconds)
 	for _, reason := range []string{"unknown_type", "malformed", "poison"} {
 		m.skippedTotal.WithLabelValues(reason) // exported at 0 from the start, so rates and alerts see it
 	}

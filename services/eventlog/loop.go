@@ -70,6 +70,7 @@ type Loop struct {
 	truncated   atomic.Pointer[string]
 	parked      atomic.Uint64
 	refused     atomic.Uint64
+	mismatched  atomic.Uint64
 	inbox       chan func()
 	once        sync.Once
 	caughtUp    atomic.Bool
@@ -435,11 +436,15 @@ type LoopStats struct {
 	// Refused counts facts the shell refused: their subject does not
 	// confirm their payload or their author (events.ErrForged).
 	Refused uint64
+	// Mismatched counts duplicate answers whose stored fact, read back,
+	// was not the shell's own (DupTaken): each was appended under a fresh
+	// id (Shell, issue 17).
+	Mismatched uint64
 }
 
 // Stats reads the loop's counters; safe from any goroutine once Run started.
 func (l *Loop) Stats() LoopStats {
-	s := LoopStats{Panics: l.panics.Load(), Parked: l.parked.Load(), Refused: l.refused.Load()}
+	s := LoopStats{Panics: l.panics.Load(), Parked: l.parked.Load(), Refused: l.refused.Load(), Mismatched: l.mismatched.Load()}
 	if f := l.follower.Load(); f != nil {
 		s.FollowerStats = f.Stats()
 	}

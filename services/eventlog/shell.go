@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/berth-ci/berth/events"
@@ -49,7 +50,8 @@ type Shell struct {
 	// does not confirm its payload or its author (law 10).
 	Refused func(events.Event, error)
 
-	refused uint64
+	refused    uint64
+	mismatched uint64
 
 	inflight map[string]time.Time // step key → when appended or called
 	keyOf    map[string]string    // event id → step key, until folded
@@ -85,6 +87,10 @@ func (s *Shell) Admit(d Delivered) error {
 
 // RefusedTotal counts the facts this shell refused since it started.
 func (s *Shell) RefusedTotal() uint64 { return s.refused }
+
+// MismatchedTotal counts the duplicate answers whose stored fact, read
+// back, was not this shell's (DupTaken) since it started.
+func (s *Shell) MismatchedTotal() uint64 { return s.mismatched }
 
 // Apply folds one delivery, or skips and counts one the fold cannot read,
 // refuses (counts, parks, alarms on) one its subject does not confirm, and
@@ -268,7 +274,7 @@ func (s *Shell) appendStep(ctx context.Context, st events.Step) (stored bool, er
 		}
 		expect = &last
 	}
-	seq, dup, err := s.Log.Append(ctx, ev, expect)
+	ev, seq, dup, err := s.store(ctx, ev, expect)
 	if err != nil {
 		if !errors.Is(err, ErrConflict) {
 			s.Logger.Warn("append failed; the next round decides it again", "event", ev.ID, "err", err)
@@ -285,6 +291,69 @@ func (s *Shell) appendStep(ctx context.Context, st events.Step) (stored bool, er
 	}
 	s.Logger.Debug("appended", "event", ev.ID, "type", ev.Type(), "seq", seq, "duplicate", dup)
 	return !dup, nil
+}
+
+// maxRetakes bounds how many fresh ids one step tries in one round when
+// its id is found taken again and again.
+const maxRetakes = 3
+
+// ErrIDTaken: every id a step tried this round held another fact.
+var ErrIDTaken = errors.New("the fact's id holds another fact")
+
+// RetakenID is the id a fact is appended under when its own id holds
+// another fact, stored at seq: id + "#" + seq. It is deterministic (the
+// duplicate's ack names the same seq to every retry and every replica), so
+// a retried or a racing append of it is deduplicated by the server in turn.
+func RetakenID(id string, seq uint64) string { return id + "#" + strconv.FormatUint(seq, 10) }
+
+// store appends ev, and reads a duplicate answer back: stored means read
+// back (issue 17). A duplicate that is ours (a retried publish) or another
+// author's version of the same transition stands. One whose id holds
+// something else (DupTaken) is counted, logged with what differs, and ev
+// is appended again under RetakenID, now: a release whose id was taken
+// would otherwise hold its slot until the duplicate window ran out.
+//
+// A fresh id is safe for every fact, because no fold keys a fact by its
+// envelope id (events/apply.go folds the payload), and DupTaken means the
+// fold got nothing of this transition from the stored one: it is of
+// another type or another aggregate instance, or refused where it stands
+// (events.Authorize). A release in particular is then applied once
+// (events.Attempt.Releases counts distinct stored releases); a release of
+// the same attempt by another author is DupStands and is not repeated.
+// It returns the event as stored (its id may be a fresh one).
+func (s *Shell) store(ctx context.Context, ev events.Event, expect *uint64) (events.Event, uint64, bool, error) {
+	base := ev.ID
+	for try := 0; ; try++ {
+		seq, dup, err := s.Log.Append(ctx, ev, expect)
+		if err != nil || !dup {
+			return ev, seq, dup, err
+		}
+		stored, rerr := s.Log.ReadBack(ctx, seq)
+		if errors.Is(rerr, ErrNoReadBack) {
+			return ev, seq, true, nil
+		}
+		if stored.Data == nil && rerr != nil && !errors.Is(rerr, events.ErrUnknownType) && !errors.Is(rerr, events.ErrMalformed) {
+			return ev, 0, false, fmt.Errorf("duplicate of %s not read back: %w", ev.ID, rerr)
+		}
+		verdict, diff := JudgeDuplicate(ev, stored, rerr)
+		if verdict != DupTaken {
+			if verdict == DupStands {
+				s.Logger.Debug("duplicate: another author stored this transition", "event", ev.ID, "seq", seq, "differs", diff)
+			}
+			return ev, seq, true, nil
+		}
+		s.mismatched++
+		if s.Loop != nil {
+			s.Loop.mismatched.Add(1)
+		}
+		if try == maxRetakes {
+			return ev, 0, false, fmt.Errorf("%w: %s (last at seq %d)", ErrIDTaken, base, seq)
+		}
+		fresh := RetakenID(base, seq)
+		s.Logger.Warn("duplicate answer, but another fact holds the id; appending under a fresh id",
+			"event", ev.ID, "seq", seq, "type", ev.Type(), "differs", diff, "fresh", fresh)
+		ev.ID = fresh
+	}
 }
 
 func hit(point string) {

@@ -1,10 +1,13 @@
 package eventlog
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/berth-ci/berth/events"
@@ -154,8 +157,12 @@ type Appender struct {
 	// service sets it; empty writes each fact as its type's first author
 	// (tests and tools laying down a history).
 	Role events.Role
-	// Timeout bounds each publish (law 3); 0 means 5 s.
+	// Timeout bounds each publish and each read back (law 3); 0 means 5 s.
 	Timeout time.Duration
+	// NoReadBack: this appender's credential may not read the log by
+	// sequence (an agent's may read only its own host's subjects,
+	// services/natsauth), so a duplicate answer is trusted unread.
+	NoReadBack bool
 }
 
 // Append stores one fact. The envelope id is the Nats-Msg-Id, so a retried
@@ -233,6 +240,92 @@ func subjectExpired(ctx context.Context, js jetstream.JetStream, subject string,
 		return false, err // a fact is there (err nil): a real conflict
 	}
 	return seq < first, nil
+}
+
+// ErrNoReadBack is returned by ReadBack when the appender may not read
+// the log by sequence (Appender.NoReadBack).
+var ErrNoReadBack = errors.New("this credential may not read the log back by sequence")
+
+// Duplicate is what a duplicate answer turned out to be once the fact
+// stored under the id was read back (JudgeDuplicate).
+type Duplicate int
+
+const (
+	// DupSame: the stored fact is ours (same id, type, subject and
+	// payload): a retried publish. Only its time and source may differ.
+	DupSame Duplicate = iota
+	// DupStands: another author's version of the same transition (same
+	// type, same payload id, admitted where it is stored), e.g. the
+	// watchdog's release of an attempt the dispatcher releases too. The
+	// fold applies it as it would apply ours; appending ours as well would
+	// apply the transition twice.
+	DupStands
+	// DupTaken: the id holds something else (another subject, another
+	// transition, a fact its subject does not confirm, unreadable bytes):
+	// ours is not stored, and the fold will never apply it from there.
+	DupTaken
+)
+
+func (d Duplicate) String() string { return [...]string{"same", "stands", "taken"}[d] }
+
+// ReadBack reads the fact the log holds at seq, the one a duplicate's ack
+// names as stored first under the id, with the subject it is stored on,
+// bounded by the appender's timeout (law 3). A fact this build cannot
+// decode comes back with its decoding error.
+func (a *Appender) ReadBack(ctx context.Context, seq uint64) (events.Event, error) {
+	if a.NoReadBack {
+		return events.Event{}, ErrNoReadBack
+	}
+	timeout := a.Timeout
+	if timeout == 0 {
+		timeout = 5 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	s, err := a.JS.Stream(ctx, events.StreamName)
+	if err != nil {
+		return events.Event{}, fmt.Errorf("read back seq %d: %w", seq, err)
+	}
+	m, err := s.GetMsg(ctx, seq)
+	if err != nil {
+		return events.Event{}, fmt.Errorf("read back seq %d: %w", seq, err)
+	}
+	ev, err := events.Unmarshal(m.Data, m.Sequence)
+	ev.Seq, ev.Subject = m.Sequence, m.Subject
+	return ev, err
+}
+
+// JudgeDuplicate compares ours with the fact stored under its id (read
+// back, with its decoding error) and says what the duplicate is, and what
+// differs (empty when nothing does). It is pure.
+func JudgeDuplicate(ours, stored events.Event, decodeErr error) (Duplicate, string) {
+	if decodeErr != nil || stored.Data == nil {
+		return DupTaken, fmt.Sprintf("stored fact at seq %d on %s is unreadable: %v", stored.Seq, stored.Subject, decodeErr)
+	}
+	var diffs []string
+	if stored.ID != ours.ID {
+		diffs = append(diffs, fmt.Sprintf("id %q (ours %q)", stored.ID, ours.ID))
+	}
+	if stored.Type() != ours.Type() {
+		diffs = append(diffs, fmt.Sprintf("type %s (ours %s)", stored.Type(), ours.Type()))
+	}
+	if stored.Subject != ours.Subject {
+		diffs = append(diffs, fmt.Sprintf("subject %s (ours %s)", stored.Subject, ours.Subject))
+	}
+	sb, serr := json.Marshal(stored.Data)
+	ob, oerr := json.Marshal(ours.Data)
+	if serr != nil || oerr != nil || !bytes.Equal(sb, ob) {
+		diffs = append(diffs, fmt.Sprintf("payload %s (ours %s)", sb, ob))
+	}
+	if len(diffs) == 0 {
+		return DupSame, ""
+	}
+	diff := strings.Join(diffs, "; ")
+	if _, err := events.Authorize(stored); err == nil && stored.Type() == ours.Type() &&
+		stored.Data.EventID() == ours.Data.EventID() {
+		return DupStands, diff
+	}
+	return DupTaken, diff
 }
 
 // New stamps a payload as a fact from this appender's source and role.

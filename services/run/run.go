@@ -290,6 +290,8 @@ func loopMetrics(reg *prometheus.Registry, l *eventlog.Loop) {
 		func(s eventlog.LoopStats) uint64 { return s.Parked })
 	counter(events.MetricLogRefusedTotal, "Facts refused because their subject does not confirm their payload or author (law 10), parked in "+events.BucketParked+".",
 		func(s eventlog.LoopStats) uint64 { return s.Refused })
+	counter(events.MetricLogDuplicateMismatchTotal, "Duplicate answers whose stored fact, read back, was another fact under the same id; each was appended again under a fresh id.",
+		func(s eventlog.LoopStats) uint64 { return s.Mismatched })
 }
 
 // stuckAfter is how long a service may hold undelivered facts before health
@@ -368,7 +370,9 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts, Warm: warmPools(dc.WarmPools),
 			RegistrationTimeout: cfg.Watchdog.RegistrationTimeout, ProvisionTimeout: cfg.Watchdog.ProvisionTimeout}, MintTimeout: dc.MintTimeout,
 			Retention: cfg.Watchdog.Retention, Budget: budget, Logger: logger,
-			Reconcile:   dispatch.Reconcile{After: dc.ReconcileAfter, Every: dc.ReconcileEvery, Limit: dc.ReconcileLimit},
+			Reconcile:  dispatch.Reconcile{After: dc.ReconcileAfter, Every: dc.ReconcileEvery, Limit: dc.ReconcileLimit},
+			Sweep:      dispatch.Sweep{Every: dc.RunnerSweepEvery, Grace: dc.RunnerSweepGrace, Limit: dc.RunnerSweepLimit},
+			SweepScope: dc.GitHub.Scope, SweepOrg: dc.GitHub.Org,
 			Redeliverer: redeliverer, CurveSeedFile: DispatcherKeyFile(cfg)}, metrics)
 	if err != nil {
 		nc.Close()
@@ -504,7 +508,8 @@ func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Age
 	if st := ac.Backend.Steps(); st != nil {
 		steps = *st
 	}
-	a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/" + ac.Host, Role: events.RoleAgent}, be, vmagent.Options{
+	a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/" + ac.Host, Role: events.RoleAgent,
+		NoReadBack: true /* an agent may read only its own host's subjects (natsauth) */}, be, vmagent.Options{
 		Host: ac.Host, Pools: pools, PhysicalCap: ac.PhysicalCap, DataDir: dataDir,
 		CreateTimeout: steps.CreateTimeout, StopTimeout: steps.StopTimeout, RetryBase: steps.RetryBase, Heartbeat: ac.Heartbeat, HeartbeatReplicas: cfg.NATS.Replicas, ShutdownTimeout: ac.ShutdownTimeout,
 		InventoryEvery: ac.InventoryEvery, OrphanGrace: ac.OrphanGrace, Logger: logger, Trust: &trust.Set{JS: js},

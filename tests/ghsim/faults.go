@@ -35,6 +35,33 @@ func (s *Sim) TimeOutDeliveries(match func(DeliveryView) bool) {
 	s.timeOut = match
 }
 
+// LoseJITAnswers makes generate-jitconfig register the runner for every
+// name match accepts and then lose the answer: the connection is closed
+// before a response is written, as when a client's deadline passes or a
+// proxy drops it while GitHub has done the work. The runner stays
+// registered (offline, listed by the runners API), and a retry with the
+// same name meets 409. nil stops losing.
+func (s *Sim) LoseJITAnswers(match func(name string) bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.loseJIT = match
+}
+
+// loseAnswer closes the connection of w without an answer; false when w
+// cannot be hijacked (the caller answers 502 instead).
+func loseAnswer(w http.ResponseWriter) bool {
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		return false
+	}
+	conn, _, err := hj.Hijack()
+	if err != nil {
+		return false
+	}
+	_ = conn.Close()
+	return true
+}
+
 // lost reports whether d is to be lost, and records it as failed if so.
 func (s *Sim) lost(d *delivery) bool {
 	s.mu.Lock()

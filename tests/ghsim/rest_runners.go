@@ -98,7 +98,15 @@ func (s *Sim) handleJITConfig(w http.ResponseWriter, r *http.Request) {
 	body["encoded_jit_config"] = base64.StdEncoding.EncodeToString(cfg)
 	s.mu.Lock()
 	s.minted = append(s.minted, body["encoded_jit_config"].(string), rn.token)
+	lose := s.loseJIT != nil && s.loseJIT(rn.name)
 	s.mu.Unlock()
+	if lose {
+		s.log.Info("runner registered; its JIT answer is lost", "runner", rn.name, "runner_id", rn.id)
+		if !loseAnswer(w) {
+			writeError(w, http.StatusBadGateway, "Server Error", "")
+		}
+		return
+	}
 	s.log.Info("runner registered", "runner", rn.name, "runner_id", rn.id, "labels", rn.labels, "scope", rn.scope)
 	writeJSON(w, http.StatusCreated, body)
 }

@@ -107,6 +107,7 @@ type Sim struct {
 	nextHookNo int64                   // id of the next delivery attempt (hook deliveries API)
 	lose       func(DeliveryView) bool // deliveries to fail (LoseDeliveries)
 	timeOut    func(DeliveryView) bool // deliveries sent but recorded as timed out (TimeOutDeliveries)
+	loseJIT    func(name string) bool  // JIT answers to lose after registering (LoseJITAnswers)
 	limits     map[string]*rateLimit   // route → rate-limit answers due (RateLimit)
 }
 

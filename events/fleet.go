@@ -41,6 +41,10 @@ type Job struct {
 	// fact says so.
 	Conflict         string
 	ConflictRecorded bool
+	// AlsoOn is a second runner GitHub reported the job in progress on
+	// (its first is Runner): bound to the job too, so neither runner is
+	// torn down while it runs; a JobConflict records it.
+	AlsoOn string
 
 	labelKey string // Labels joined, set with them: what matching keys on
 }

@@ -235,13 +235,14 @@ func (f *Fleet) jobFact(r JobRef, st JobStatus, at time.Time, runner, conclusion
 		}
 	} else if runner != "" && runner != j.Runner && j.AlsoOn == "" {
 		// The job reported in progress on a second runner: GitHub says
-		// both run it, so both are bound to it and neither is torn down
-		// before it completes (issue 17); the conflict is recorded.
+		// both run it, so a free runner is bound to it too and neither is
+		// torn down before it completes (issue 17); one bound to another
+		// job keeps that job. Either way the conflict is recorded.
 		if _, taken := f.byRunner[runner]; !taken {
 			f.byRunner[runner] = j.ID
 			f.markAttempt(runner)
-			j.AlsoOn = runner
 		}
+		j.AlsoOn = runner
 	}
 }
 

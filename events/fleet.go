@@ -194,6 +194,9 @@ func (f *Fleet) job(id int64) *Job {
 	if ok && j.Runner != "" && f.byRunner[j.Runner] == id {
 		f.markAttempt(j.Runner) // whether its attempt is quiet follows the job's status
 	}
+	if ok && j.AlsoOn != "" && f.byRunner[j.AlsoOn] == id {
+		f.markAttempt(j.AlsoOn)
+	}
 	if !ok {
 		j = &Job{ID: id}
 		f.Jobs[id] = j

@@ -484,6 +484,10 @@ func attemptOf(e events.Event) string {
 		return d.Attempt
 	case *events.AttemptDeregistered:
 		return d.Attempt
+	case *events.AttemptBound:
+		return d.Attempt
+	case *events.AttemptRunnerBusy:
+		return d.Attempt
 	}
 	return ""
 }

@@ -188,7 +188,7 @@ func (w *world) follow() {
 		w.t.Fatal(err)
 	}
 	w.js = js
-	w.app = &eventlog.Appender{JS: js, Source: "berth/test"}
+	w.app = &eventlog.Appender{JS: js, Source: "berth/test", Role: events.RoleCLI} // an operator's tool
 	ctx, cancel := context.WithCancel(w.ctx)
 	ch := make(chan eventlog.Delivered, 256)
 	var wg sync.WaitGroup

@@ -84,6 +84,12 @@ func (f *Fleet) Apply(e Event) {
 	case *AttemptTeardownRequested:
 		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) {
 			a.TeardownReq, a.TeardownAt, a.TeardownReason = true, e.Time, d.Reason
+			if d.Reason == ReleaseCompleted || d.Reason == ReleaseMaxDuration {
+				a.JobEnded = true
+			}
+			if authorToken(e.Subject) == RoleCLI {
+				a.OperatorTeardown = true
+			}
 		})
 	case *AttemptStopped:
 		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) {
@@ -95,6 +101,19 @@ func (f *Fleet) Apply(e Event) {
 		})
 	case *AttemptDeregistered:
 		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) { a.Deregistered = true })
+	case *AttemptBound:
+		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) {
+			if a.BoundJobID == 0 {
+				a.BoundJobID = d.JobID
+			}
+			a.JobEnded = a.JobEnded || d.Ended
+		})
+	case *AttemptRunnerBusy:
+		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) {
+			if d.At.After(a.RunnerBusyAt) {
+				a.RunnerBusyAt = d.At
+			}
+		})
 	case *AttemptReady:
 		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) { a.Warm, a.Ready, a.ReadyAt = true, true, e.Time })
 	case *AttemptClaimed:
@@ -214,7 +233,26 @@ func (f *Fleet) jobFact(r JobRef, st JobStatus, at time.Time, runner, conclusion
 		} else if owner != j.ID {
 			j.Conflict = runner // the first binding stands (BL-17)
 		}
+	} else if runner != "" && runner != j.Runner && j.AlsoOn == "" {
+		// The job reported in progress on a second runner: GitHub says
+		// both run it, so a free runner is bound to it too and neither is
+		// torn down before it completes (issue 17); one bound to another
+		// job keeps that job. Either way the conflict is recorded.
+		if _, taken := f.byRunner[runner]; !taken {
+			f.byRunner[runner] = j.ID
+			f.markAttempt(runner)
+		}
+		j.AlsoOn = runner
 	}
+}
+
+// authorToken is the role token a multi-author subject ends in ("" for
+// others and for facts folded by hand without a subject).
+func authorToken(subject string) Role {
+	if i := strings.LastIndexByte(subject, '.'); i > 0 && multiAuthor(subject[:i]) {
+		return Role(subject[i+1:])
+	}
+	return ""
 }
 
 func (f *Fleet) poolSeq(pool string, seq uint64) {
@@ -286,9 +324,11 @@ func (f *Fleet) Compact(now time.Time, retention time.Duration) (jobs, attempts 
 		// they are live, and dropped with them.
 		orphan := j.Status == StatusUnknown
 		if (done || orphan || (j.Unschedulable && j.QueuedAt.Before(cut))) && !busy[id] {
-			if j.Runner != "" && f.byRunner[j.Runner] == id {
-				delete(f.byRunner, j.Runner)
-				f.markAttempt(j.Runner)
+			for _, r := range []string{j.Runner, j.AlsoOn} {
+				if r != "" && f.byRunner[r] == id {
+					delete(f.byRunner, r)
+					f.markAttempt(r)
+				}
 			}
 			delete(f.Jobs, id)
 			f.markJob(id)

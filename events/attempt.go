@@ -1,6 +1,9 @@
 package events
 
-import "time"
+import (
+	"strconv"
+	"time"
+)
 
 // AttemptRef names one placement: its id (also runner and VM name), pool and host.
 type AttemptRef struct {
@@ -111,3 +114,49 @@ type AttemptDeregistered struct {
 
 func (AttemptDeregistered) EventType() string { return TypeAttemptDeregistered }
 func (e AttemptDeregistered) EventID() string { return e.Attempt + "/deregistered" }
+
+// AttemptBound records, on the attempt's own subject, that its runner took
+// a job (law 8): GitHub named the attempt's runner in the job's in_progress
+// or completed webhook. The agent consumes only its host's attempt
+// subjects, never the job facts that bind runners, so this is how its fold
+// learns that the VM runs a job and must not be stopped until that job
+// ends or an operator asks. Ended records, in a second fact, that the job
+// completed. Emitted by the dispatcher, derived each round from its fold
+// (dispatch.Decide); read by the agent and the watchdog. Key: attempt +
+// "/bound" (attempt + "/bound/ended" for the end).
+type AttemptBound struct {
+	AttemptRef
+	JobID int64 `json:"job_id"`
+	Ended bool  `json:"ended,omitempty"`
+}
+
+func (AttemptBound) EventType() string { return TypeAttemptBound }
+func (e AttemptBound) EventID() string {
+	if e.Ended {
+		return e.Attempt + "/bound/ended"
+	}
+	return e.Attempt + "/bound"
+}
+
+// AttemptRunnerBusy: GitHub refused to delete the attempt's runner because
+// it runs a job (422 on deregistration), at At, as the dispatcher that
+// asked observed it. Every dispatcher replica and the watchdog leave the
+// attempt alone until RunnerBusyFor (the watchdog FallbackFactor times
+// that) after the newest such answer: a runner GitHub calls busy is never
+// released or torn down on a deadline. Emitted by the dispatcher; key:
+// attempt + "/runner_busy/" + At (every answer is a fact of its own).
+type AttemptRunnerBusy struct {
+	AttemptRef
+	RunnerID int64     `json:"runner_id"`
+	At       time.Time `json:"at"`
+}
+
+// RunnerBusyFor is how long a runner GitHub reported busy is left alone
+// before a dispatcher asks again (its in_progress webhook normally arrives
+// first).
+const RunnerBusyFor = time.Minute
+
+func (AttemptRunnerBusy) EventType() string { return TypeAttemptRunnerBusy }
+func (e AttemptRunnerBusy) EventID() string {
+	return e.Attempt + "/runner_busy/" + strconv.FormatInt(e.At.UnixNano(), 10)
+}

@@ -35,6 +35,17 @@ type Attempt struct {
 	Abandoned      bool
 	AbandonedStep  string
 	Deregistered   bool // its runner registration is gone from GitHub
+	// BoundJobID is the job its runner took, as the dispatcher recorded
+	// it on the attempt's own subject (AttemptBound): what an agent's fold,
+	// which never sees job facts, knows of the binding. JobEnded: that job
+	// is over (AttemptBound with Ended, or a teardown asked for its
+	// completion or its maximum duration). OperatorTeardown: an operator
+	// asked for the teardown (a teardown stored on the cli role).
+	BoundJobID                 int64
+	JobEnded, OperatorTeardown bool
+	// RunnerBusyAt is when GitHub last refused to delete its runner
+	// because it runs a job (AttemptRunnerBusy).
+	RunnerBusyAt time.Time
 	// Warm VM (issue 8): booked without a job; Ready once booted; Claimed
 	// by a job; Assigned its JIT config.
 	Warm, Ready, Claimed, Assigned bool
@@ -55,6 +66,21 @@ func (a *Attempt) Held() bool { return a.Reserved && !a.Released }
 // VMLive reports whether the attempt's VM may exist: from provisioning until
 // stopped. An abandoned VM is live: it still occupies physical capacity.
 func (a *Attempt) VMLive() bool { return a.Provisioning && !a.Stopped }
+
+// RunsJob reports whether the attempt's own facts say its VM runs a job
+// that has not ended and no operator asked for its teardown: such a VM is
+// stopped only by its job's end or an operator, whatever its create step
+// reported or a deadline says (issue 17).
+func (a *Attempt) RunsJob() bool { return a.BoundJobID != 0 && !a.JobEnded && !a.OperatorTeardown }
+
+// BusyUntil is when a runner GitHub last called busy stops being left
+// alone, waiting after each answer for; zero when GitHub never did.
+func (a *Attempt) BusyUntil(wait time.Duration) time.Time {
+	if a.RunnerBusyAt.IsZero() {
+		return time.Time{}
+	}
+	return a.RunnerBusyAt.Add(wait)
+}
 
 // Booked reports whether the attempt occupies its host's physical capacity:
 // it holds a slot (its VM is coming) or its VM exists.

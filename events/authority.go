@@ -44,6 +44,8 @@ var authors = map[string][]Role{
 	TypeAttemptPlaced:            {RoleDispatcher},
 	TypeAttemptAssigned:          {RoleDispatcher},
 	TypeAttemptDeregistered:      {RoleDispatcher},
+	TypeAttemptBound:             {RoleDispatcher},
+	TypeAttemptRunnerBusy:        {RoleDispatcher},
 	TypeAttemptTeardownRequested: {RoleDispatcher, RoleWatchdog, RoleCLI},
 	TypeAttemptProvisioning:      {RoleAgent},
 	TypeAttemptRunnerStarted:     {RoleAgent},

@@ -24,6 +24,8 @@ const (
 	TypeAttemptReady             = "berth.attempt.ready.v1"
 	TypeAttemptClaimed           = "berth.attempt.claimed.v1"
 	TypeAttemptAssigned          = "berth.attempt.assigned.v1"
+	TypeAttemptBound             = "berth.attempt.bound.v1"
+	TypeAttemptRunnerBusy        = "berth.attempt.runner_busy.v1"
 
 	TypeHostOnline     = "berth.host.online.v1"
 	TypeHostDraining   = "berth.host.draining.v1"
@@ -59,6 +61,8 @@ var catalogue = map[string]func() Payload{
 	TypeAttemptReady:             func() Payload { return &AttemptReady{} },
 	TypeAttemptClaimed:           func() Payload { return &AttemptClaimed{} },
 	TypeAttemptAssigned:          func() Payload { return &AttemptAssigned{} },
+	TypeAttemptBound:             func() Payload { return &AttemptBound{} },
+	TypeAttemptRunnerBusy:        func() Payload { return &AttemptRunnerBusy{} },
 
 	TypeHostOnline:     func() Payload { return &HostOnline{} },
 	TypeHostDraining:   func() Payload { return &HostDraining{} },

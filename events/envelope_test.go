@@ -50,6 +50,8 @@ func samples() map[string]events.Payload {
 		events.TypeAttemptTeardownRequested: &events.AttemptTeardownRequested{AttemptRef: attemptRef(), Reason: "completed"},
 		events.TypeAttemptStopped:           &events.AttemptStopped{AttemptRef: attemptRef(), Late: true},
 		events.TypeAttemptDeregistered:      &events.AttemptDeregistered{AttemptRef: attemptRef(), RunnerID: 23},
+		events.TypeAttemptBound:             &events.AttemptBound{AttemptRef: attemptRef(), JobID: 42, Ended: true},
+		events.TypeAttemptRunnerBusy:        &events.AttemptRunnerBusy{AttemptRef: attemptRef(), RunnerID: 23, At: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)},
 		events.TypeAttemptReady:             &events.AttemptReady{AttemptRef: attemptRef()},
 		events.TypeAttemptClaimed:           &events.AttemptClaimed{Pool: "macos", Host: "mac-1", Attempt: "berth-warm-macos-3", JobID: 42},
 		events.TypeAttemptAssigned: &events.AttemptAssigned{AttemptRef: attemptRef(), JobID: 42, RunnerID: 99,

@@ -41,6 +41,10 @@ type Job struct {
 	// fact says so.
 	Conflict         string
 	ConflictRecorded bool
+	// AlsoOn is a second runner GitHub reported the job in progress on
+	// (its first is Runner): bound to the job too, so neither runner is
+	// torn down while it runs; a JobConflict records it.
+	AlsoOn string
 
 	labelKey string // Labels joined, set with them: what matching keys on
 }
@@ -189,6 +193,9 @@ func (f *Fleet) job(id int64) *Job {
 	j, ok := f.Jobs[id]
 	if ok && j.Runner != "" && f.byRunner[j.Runner] == id {
 		f.markAttempt(j.Runner) // whether its attempt is quiet follows the job's status
+	}
+	if ok && j.AlsoOn != "" && f.byRunner[j.AlsoOn] == id {
+		f.markAttempt(j.AlsoOn)
 	}
 	if !ok {
 		j = &Job{ID: id}

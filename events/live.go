@@ -26,8 +26,17 @@ type live struct {
 // or GitHub reported it on a runner bound to another job and no fact has
 // recorded that yet (BL-17).
 func (j *Job) open() bool {
-	return j.Demand() || (j.Conflict != "" && !j.ConflictRecorded && j.Status == StatusInProgress)
+	return j.Demand() || j.conflictToRecord()
 }
+
+// conflictToRecord: GitHub reported the job on a runner bound to another
+// job, or on a second runner, and no fact has recorded it yet.
+func (j *Job) conflictToRecord() bool {
+	return !j.ConflictRecorded && ((j.Conflict != "" && j.Status == StatusInProgress) || j.AlsoOn != "")
+}
+
+// ConflictToRecord reports whether a JobConflict fact is due for the job.
+func (j *Job) ConflictToRecord() bool { return j.conflictToRecord() }
 
 // actionable reports whether a decider may still act on the attempt: it
 // holds a slot or a VM; or its teardown was asked for and no stop is
@@ -49,7 +58,9 @@ func (f *Fleet) quiet(a *Attempt) bool {
 	}
 	bound := f.byRunner[a.ID]
 	j := f.Jobs[bound]
-	return bound != 0 && j != nil && j.Status != StatusCompleted
+	// Until the dispatcher has recorded the binding on the attempt's own
+	// subject (AttemptBound), it has something to do.
+	return bound != 0 && j != nil && j.Status != StatusCompleted && a.BoundJobID != 0
 }
 
 // vmPending reports whether something may still happen to the attempt's VM:

@@ -160,7 +160,7 @@ func TestPropertyLiveIndexEqualsAFullScan(t *testing.T) {
 func requireIndexed(t *rapid.T, f *events.Fleet, after int) {
 	wantJobs, wantAttempts, wantVMs, wantUnquiet := map[int64]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for id, j := range f.Jobs {
-		if j.Demand() || (j.Conflict != "" && !j.ConflictRecorded && j.Status == events.StatusInProgress) {
+		if j.Demand() || (j.Conflict != "" && !j.ConflictRecorded && j.Status == events.StatusInProgress) || (j.AlsoOn != "" && !j.ConflictRecorded) {
 			wantJobs[id] = true
 		}
 	}
@@ -173,7 +173,7 @@ func requireIndexed(t *rapid.T, f *events.Fleet, after int) {
 		}
 		bound := f.BoundJob(id)
 		quiet := a.Held() && !(a.Failed && a.FailedStep == events.StepDrain) && !(a.Warm && !a.Placed) &&
-			bound != 0 && f.Jobs[bound] != nil && f.Jobs[bound].Status != events.StatusCompleted
+			bound != 0 && f.Jobs[bound] != nil && f.Jobs[bound].Status != events.StatusCompleted && a.BoundJobID != 0
 		if wantAttempts[id] && !quiet {
 			wantUnquiet[id] = true
 		}

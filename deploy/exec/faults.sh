@@ -11,7 +11,7 @@
 #                                  list:   [sh, deploy/exec/faults.sh, list]
 # Give each host its own control directory (the list step is not told its host).
 #
-# Faults. create: fail | hang | no-runner | slow:SECONDS
+# Faults. create: fail | hang | no-runner | slow:SECONDS | linger
 #           fail       exit 1 and create nothing (an image that is not there)
 #           hang       the VM exists but the step does not return until released
 #                      (or killed by the agent at its deadline); once released it
@@ -19,6 +19,9 @@
 #           no-runner  exit 0 with the VM up but no runner started: the runner
 #                      never registers
 #           slow:N     sleep N seconds (the VM booting), then create
+#           linger     create and start the runner, then do not return until
+#                      released (or killed at the deadline): a create that
+#                      overruns its deadline while its runner takes a job
 #         stop:   fail | hang | slow:SECONDS | leak
 #           fail       exit 1; the VM stays
 #           hang       do not return until released (or killed at the deadline);
@@ -36,7 +39,7 @@
 # Dynamic selection, from the control directory BERTH_FAULT_DIR (optional),
 # read at every step, so a test switches faults on and off while the system
 # runs. A file named <step>-<fault> (create-fail, create-hang,
-# create-no-runner, create-slow, stop-fail, stop-hang, stop-slow, stop-leak,
+# create-no-runner, create-slow, create-linger, stop-fail, stop-hang, stop-slow, stop-leak,
 # list-fail, list-empty) holds one attempt glob per line: "*" for every
 # attempt, "berth-42-*" for every attempt of job 42; for slow, "GLOB SECONDS";
 # for list faults any line will do; lines starting with # are ignored. A
@@ -90,7 +93,7 @@ selected() {
 
 fault="" arg=""
 case "$step" in
-create) kinds="fail hang no-runner slow" static="${BERTH_FAULT_CREATE:-}" ;;
+create) kinds="fail hang no-runner slow linger" static="${BERTH_FAULT_CREATE:-}" ;;
 stop) kinds="fail hang slow leak" static="${BERTH_FAULT_STOP:-}" ;;
 list) kinds="fail empty" static="" attempt="list" ;;
 *) kinds="" static="" ;;
@@ -174,6 +177,7 @@ create)
 	if [ -n "$vm" ] && [ -f "${BERTH_WORK_DIR:-}/runner.pid" ]; then
 		cat "$BERTH_WORK_DIR/runner.pid" >"$vm"
 	fi
+	[ "$fault" != linger ] || hang
 	finish "$status"
 	;;
 stop)

@@ -43,8 +43,14 @@ type Plan struct {
 	// Unschedulable gives up on jobs that failed too many placements.
 	Unschedulable []events.JobUnschedulable
 	// Conflicts records jobs GitHub reported on a runner bound to another
-	// job (BL-17); such a job stays demand and is booked a VM of its own.
+	// job (BL-17), such a job stays demand and is booked a VM of its own;
+	// or on a second runner, which is bound to it too.
 	Conflicts []events.JobConflict
+	// Bound records on an attempt's own subject that its runner took a
+	// job, and later that the job ended: the agent's fold has no job
+	// facts, and a VM that runs a job is stopped only by its end or an
+	// operator.
+	Bound []events.AttemptBound
 }
 
 // MintCall asks GitHub for a booked attempt's JIT config, then places the
@@ -68,6 +74,9 @@ func (plan Plan) Steps() events.Plan {
 	var out events.Plan
 	for _, r := range plan.Release {
 		out.Add(events.Fact(r))
+	}
+	for _, b := range plan.Bound {
+		out.Add(events.Fact(b))
 	}
 	for _, t := range plan.Teardown {
 		out.Add(events.Fact(t))
@@ -241,8 +250,12 @@ func (pl *planner) countDemand() {
 	match := events.NewMatcher(pl.labels)
 	pl.demand = map[string][]*events.Job{}
 	for j := range pl.f.OpenJobs() {
-		if j.Conflict != "" && !j.ConflictRecorded && j.Status == events.StatusInProgress {
-			pl.plan.Conflicts = append(pl.plan.Conflicts, events.JobConflict{JobID: j.ID, Runner: j.Conflict, BoundJob: pl.f.BoundJob(j.Conflict)})
+		if j.ConflictToRecord() {
+			runner := j.Conflict
+			if runner == "" || j.Status != events.StatusInProgress {
+				runner = j.AlsoOn // in progress on two runners
+			}
+			pl.plan.Conflicts = append(pl.plan.Conflicts, events.JobConflict{JobID: j.ID, Runner: runner, BoundJob: pl.f.BoundJob(runner)})
 		}
 		if !j.Demand() {
 			continue
@@ -269,6 +282,9 @@ func (pl *planner) attempt(a *events.Attempt) {
 	} else {
 		pl.unreleased(a, bound)
 	}
+	if b, ok := binding(f, a, bound); ok {
+		plan.Bound = append(plan.Bound, b)
+	}
 	if a.Warm && a.Held() && !a.Placed && !a.TeardownReq {
 		plan.Place = append(plan.Place, warmPlacement(a))
 	}
@@ -278,6 +294,40 @@ func (pl *planner) attempt(a *events.Attempt) {
 	if a.Released && a.Placed && a.RunnerID != 0 && !a.Deregistered && bound == 0 {
 		plan.Cleanup = append(plan.Cleanup, a)
 	}
+}
+
+// binding is the AttemptBound fact the attempt's own subject lacks: that
+// its runner took a job (law 8: from the runner name GitHub reported),
+// or, when no teardown for the job's end will say it, that the job
+// completed. Only while its VM may run: a stopped VM has nothing left to
+// protect.
+func binding(f *events.Fleet, a *events.Attempt, bound int64) (events.AttemptBound, bool) {
+	ref := events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}
+	done := f.Jobs[bound] != nil && f.Jobs[bound].Status == events.StatusCompleted
+	switch {
+	case a.Stopped || bound == 0 || a.JobEnded:
+	case a.BoundJobID == 0 && !done:
+		return events.AttemptBound{AttemptRef: ref, JobID: bound}, true
+	case a.BoundJobID != 0 && done && (a.TeardownReq || (a.Released && !endsJob(a.ReleaseReason))):
+		// Its teardown was asked for before the binding (a create that
+		// failed before the in_progress came), for a reason that does
+		// not end the job: the agent keeps the VM until told.
+		return events.AttemptBound{AttemptRef: ref, JobID: a.BoundJobID, Ended: true}, true
+	}
+	return events.AttemptBound{}, false
+}
+
+// endsJob: a teardown for this release reason tells the agent the job ended.
+func endsJob(reason string) bool {
+	return reason == events.ReleaseCompleted || reason == events.ReleaseMaxDuration
+}
+
+// busy reports whether GitHub called the attempt's runner busy (it runs a
+// job whose in_progress webhook has not come) within RunnerBusyFor: it is
+// then neither deregistered nor released on a deadline or a drain.
+func (p Params) busy(a *events.Attempt) bool {
+	until := a.BusyUntil(events.RunnerBusyFor)
+	return !until.IsZero() && (p.Now.IsZero() || p.Now.Before(until))
 }
 
 // released says whether a held attempt's demand has ended, and why. Every
@@ -295,7 +345,7 @@ func (pl *planner) released(a *events.Attempt, bound int64) (events.SlotReleased
 		return release(a, events.ReleaseHostDraining), true
 	case bound != 0:
 		return events.SlotReleased{}, false
-	case hostWithdrawn(f, a) != "":
+	case hostWithdrawn(f, a) != "" && !p.busy(a):
 		// A cordon or a drain takes back bookings that have no VM yet
 		// (BL-32: a decision made before the cordon is stale after it),
 		// and a drain also idle runners, which GitHub would otherwise
@@ -330,6 +380,10 @@ func (pl *planner) unreleased(a *events.Attempt, bound int64) {
 	f, p, plan := pl.f, pl.p, &pl.plan
 	switch {
 	case a.Held() && bound != 0:
+	case a.Held() && a.Placed && a.RunnerID != 0 && !a.Deregistered && p.Expired(f, a) != "" && p.busy(a):
+		// GitHub said its runner runs a job: left alone, still supply.
+		pl.unbound[a.Pool] = append(pl.unbound[a.Pool], a)
+		pl.ownUnbound[a.JobID] = true
 	case a.Held() && a.Placed && a.RunnerID != 0 && !a.Deregistered && p.Expired(f, a) != "":
 		// Past its deadline with no job seen. Whether its runner took
 		// one is GitHub's to say (a late in_progress webhook is not a
@@ -400,8 +454,8 @@ func (pl *planner) book(pool string, free []*events.Attempt) []*events.Attempt {
 // runners that cost least to lose.
 func (pl *planner) giveBack(supply []*events.Attempt, surplus int) {
 	for _, a := range leastAdvanced(supply, surplus) {
-		if pl.expiring[a.ID] {
-			continue // already planned
+		if pl.expiring[a.ID] || pl.p.busy(a) {
+			continue // already planned; or GitHub said it runs a job
 		}
 		if a.Placed && a.RunnerID != 0 && !a.Deregistered {
 			pl.plan.Deregister = append(pl.plan.Deregister, a)
@@ -532,6 +586,7 @@ func leastAdvanced(as []*events.Attempt, n int) []*events.Attempt {
 func (plan *Plan) inAttemptOrder() {
 	slices.SortFunc(plan.Release, func(a, b events.SlotReleased) int { return strings.Compare(a.Attempt, b.Attempt) })
 	slices.SortFunc(plan.Teardown, func(a, b events.AttemptTeardownRequested) int { return strings.Compare(a.Attempt, b.Attempt) })
+	slices.SortFunc(plan.Bound, func(a, b events.AttemptBound) int { return strings.Compare(a.Attempt, b.Attempt) })
 	slices.SortFunc(plan.Place, func(a, b events.AttemptPlaced) int { return strings.Compare(a.Attempt, b.Attempt) })
 	byID(plan.Deregister)
 	byID(plan.Mint)

@@ -106,7 +106,6 @@ type Dispatcher struct {
 	lastObserve  time.Time
 	started      time.Time // facts older than this are not observed as latencies
 	lastRecon    time.Time
-	busy         map[string]time.Time // attempts GitHub reported busy → leave alone until
 	redelivered  map[string]time.Time // delivery GUIDs asked for again → when
 	redelivering bool                 // a redelivery round is running
 	sweeps       sweepState
@@ -145,7 +144,7 @@ func New(loop *eventlog.Loop, app *eventlog.Appender, m Minter, opts Options, me
 	pub, _ := kp.PublicKey()
 	d := &Dispatcher{Shell: eventlog.NewShell(loop, app, clock.WithNow(opts.Now), opts.Logger),
 		minter: m, opts: opts, curve: kp, curvePub: pub, metrics: metrics, refused: map[string]string{},
-		busy: map[string]time.Time{}, minting: make(chan struct{}, opts.MintConcurrency),
+		minting:     make(chan struct{}, opts.MintConcurrency),
 		redelivered: map[string]time.Time{}, started: opts.Now()}
 	d.Crash = map[string][2]string{
 		events.TypeSlotReleased: {crashpoint.DispatcherBeforeRelease, crashpoint.DispatcherAfterRelease},
@@ -263,11 +262,6 @@ func (d *Dispatcher) housekeep(now time.Time) {
 	for id := range d.refused {
 		if a := d.Fold.Attempts[id]; a == nil || !a.Held() {
 			delete(d.refused, id)
-		}
-	}
-	for id, until := range d.busy {
-		if now.After(until) {
-			delete(d.busy, id)
 		}
 	}
 	for guid, at := range d.redelivered {
@@ -475,10 +469,6 @@ func (d *Dispatcher) reconcile(ctx context.Context, now time.Time) {
 	}()
 }
 
-// busyFor is how long a runner GitHub reported busy is left alone before
-// the dispatcher asks again (its in_progress webhook normally arrives first).
-const busyFor = time.Minute
-
 // deregister deletes a surplus runner's registration off the loop, bounded
 // by MintTimeout. GitHub's confirmation is appended as a fact, from which
 // Decide releases the slot: a runner that already took a job is never torn
@@ -487,9 +477,6 @@ const busyFor = time.Minute
 func (d *Dispatcher) deregister(ctx context.Context, a *events.Attempt) {
 	key := DeregisterCall{a.ID}.CallKey()
 	if d.InFlight(key) {
-		return
-	}
-	if until, busy := d.busy[a.ID]; busy && d.Now().Before(until) {
 		return
 	}
 	job := d.Fold.Jobs[a.JobID]
@@ -509,9 +496,12 @@ func (d *Dispatcher) deregister(ctx context.Context, a *events.Attempt) {
 		d.Loop.Post(ctx, func() {
 			switch {
 			case errors.Is(err, ErrRunnerBusy):
-				d.Forget(key)
+				// A fact, not this replica's memory: every replica and
+				// the watchdog leave the runner alone (Params.busy). The
+				// call stays in flight until the fact is folded.
+				d.MarkInFlight(key)
 				logger.Info("runner is running a job; leaving it (its in_progress webhook is on the way)")
-				d.busy[ref.Attempt] = d.Now().Add(busyFor)
+				_ = d.Append(ctx, events.AttemptRunnerBusy{AttemptRef: ref, RunnerID: runnerID, At: d.Now()})
 			case err != nil:
 				d.Forget(key)
 				logger.Warn("could not deregister a surplus runner; will retry", "err", err)

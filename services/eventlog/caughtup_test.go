@@ -169,3 +169,62 @@ func TestPostedCallsQueuedTogetherAreDecidedOnOnce(t *testing.T) {
 		t.Fatalf("%d posted calls queued together were followed by %d Decides, want 1", posted+1, n)
 	}
 }
+
+// Given a log holding three facts a loop's filter matches, and a consumer
+// that lies (it delivers the first fact with a pending count of 0), when
+// the loop folds that fact, then it is not caught up and Decide is not
+// called until the fold reaches the third fact, the stream's last when the
+// loop subscribed (issue 17: one wrong count had the watchdog release and
+// tear down a runner the log binds to a running job).
+func TestAPendingCountOfZeroIsNotCaughtUp(t *testing.T) {
+	_, js, app := start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	const host = "host-a"
+	var stored []events.Event
+	for i := range 3 {
+		ref := events.AttemptRef{Attempt: events.AttemptID(int64(i+1), 1), Pool: "linux", Host: host}
+		ev := app.New(time.Now(), events.AttemptProvisioning{AttemptRef: ref})
+		seq, _, err := app.Append(ctx, ev, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev.Seq = seq
+		stored = append(stored, ev)
+	}
+	rest := make(chan struct{})
+	r := &decideRecorder{}
+	loop := &eventlog.Loop{JS: js, Filters: []string{events.HostAttemptsFilter(host)}, Tick: time.Millisecond}
+	eventlog.SetSource(loop, func(ctx context.Context, _ uint64, ch chan<- eventlog.Delivered) error {
+		ch <- eventlog.Delivered{Event: stored[0], Pending: 0} // the lie
+		select {
+		case <-rest:
+		case <-ctx.Done():
+			return nil
+		}
+		for i, ev := range stored[1:] {
+			ch <- eventlog.Delivered{Event: ev, Pending: uint64(1 - i)}
+		}
+		<-ctx.Done()
+		return nil
+	})
+	lctx, lcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- loop.Run(lctx, r) }()
+	defer func() {
+		lcancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	decides := func() []int { r.mu.Lock(); defer r.mu.Unlock(); return append([]int(nil), r.seen...) }
+	testkit.Eventually(t, waitLimit, "the first fact folded", func() bool { return loop.LastSeq() == stored[0].Seq })
+	testkit.Consistently(t, 500*time.Millisecond, "no Decide and not caught up before the target", func() bool {
+		return len(decides()) == 0 && !loop.CaughtUp()
+	})
+	close(rest)
+	testkit.Eventually(t, waitLimit, "a Decide once the target is reached", func() bool { return len(decides()) > 0 })
+	if d := decides(); d[0] != len(stored) {
+		t.Fatalf("the first Decide saw %d facts, want all %d the log held at start", d[0], len(stored))
+	}
+}

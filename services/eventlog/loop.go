@@ -78,6 +78,8 @@ type Loop struct {
 	targetKnown atomic.Bool   // target was read at least once
 	lastSeq     atomic.Uint64
 	progress    atomic.Int64 // unix nanos of the loop's last turn
+	// source, when set (tests), delivers in place of the consumer.
+	source func(ctx context.Context, from uint64, ch chan<- Delivered) error
 }
 
 func (l *Loop) init() { l.once.Do(func() { l.inbox = make(chan func(), 1024) }) }
@@ -92,7 +94,16 @@ func (l *Loop) Post(ctx context.Context, fn func()) {
 	}
 }
 
-// CaughtUp reports whether the fold has reached the end of the log once.
+// CaughtUp reports whether the fold has reached the end of the log once,
+// and so whether Decide may act (law 11). It means one thing only: the
+// fold has applied (or skipped) every fact up to the target, the sequence
+// of the newest fact the loop's filters matched in the stream when the loop
+// (re)subscribed (read again each tick until reached, if that read failed
+// or the facts up to it expired), or the snapshot it restored covers the
+// target. Nothing a consumer reports stands in for it: a pending count of
+// 0 is the server's estimate, and one wrong count once had the watchdog
+// release and tear down a runner the log binds to a running job; silence
+// (nothing delivered for a while) is a stalled consumer, not the end.
 func (l *Loop) CaughtUp() bool { return l.caughtUp.Load() }
 
 // LastSeq is the last stream sequence applied.
@@ -174,6 +185,10 @@ func (l *Loop) checkCovers(ctx context.Context, seq uint64) {
 func (l *Loop) follow(ctx context.Context, seq uint64) (<-chan Delivered, <-chan error) {
 	ch := make(chan Delivered, 1024)
 	errc := make(chan error, 1)
+	if l.source != nil {
+		go func() { errc <- l.source(ctx, seq+1, ch) }()
+		return ch, errc
+	}
 	if l.Consumer != nil {
 		f := newFollower(l.JS, *l.Consumer, l.Filters)
 		l.follower.Store(f)
@@ -189,9 +204,10 @@ func (l *Loop) follow(ctx context.Context, seq uint64) (<-chan Delivered, <-chan
 // then may Decide act (an agent deciding on a fold that has an attempt's
 // placement but not yet its later facts would create a VM that was created
 // and stopped long ago). A log the snapshot already covers is caught up at
-// once; otherwise a delivery with nothing pending after it, or reaching
-// the target, tells. Silence is never taken for "caught up": a consumer
-// stalled by a NATS outage delivers nothing for a while.
+// once; otherwise only a delivery reaching the target tells (CaughtUp
+// says what caught up means; a pending count of 0 does not). Silence is
+// never taken for "caught up": a consumer stalled by a NATS outage
+// delivers nothing for a while.
 func (l *Loop) startCatchUp(ctx context.Context, r Reactor, snap *snapState, every time.Duration) {
 	if target, err := l.filteredLast(ctx); err == nil {
 		l.target.Store(target)
@@ -310,7 +326,8 @@ func (l *Loop) apply(ctx context.Context, r Reactor, d Delivered, batch []Delive
 		batch = append(batch, d)
 	}
 	l.lastSeq.Store(max(l.lastSeq.Load(), d.Event.Seq))
-	if d.Pending == 0 || (l.target.Load() > 0 && d.Event.Seq >= l.target.Load()) {
+	// Reaching the target, never the pending count (CaughtUp).
+	if l.targetKnown.Load() && d.Event.Seq >= l.target.Load() {
 		l.caughtUp.Store(true)
 	}
 	return batch

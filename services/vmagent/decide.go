@@ -65,6 +65,14 @@ func (AnnounceCall) CallKey() string { return "announce" }
 // attempt). An abandoned VM is stopped again with back-off until a stop
 // returns: that late stop is what gives its physical capacity back. It is
 // pure.
+//
+// What runs a job is stopped only by its job's end or an operator: a VM
+// whose attempt's own facts bind it to a job that has not ended
+// (Attempt.RunsJob) is kept whatever its create step reported (a create
+// abandoned at its deadline whose runner took a job is adopted) and
+// whatever teardown a deadline asked for, until the dispatcher records the
+// job's end, a teardown for its completion comes, an operator asks
+// (`berth release`), or the drain's timeout runs out.
 func Decide(f *events.Fleet, l Local) events.Plan {
 	var plan events.Plan
 	// The fold's VM index, not the fold: the fold keeps stopped attempts for
@@ -102,6 +110,8 @@ func (l Local) attempt(at *events.Attempt) []events.Step {
 		// A drain stops warm VMs no job was handed to at once: they have
 		// no job to finish.
 		return []events.Step{events.Do(StopCall{at.ID})}
+	case at.RunsJob() && l.provisioned(at):
+		// Its runner runs a job: adopted, left to run until the job ends.
 	case (at.TeardownReq || at.Abandoned) && !at.Stopped && !busy && !l.stopBusy(at):
 		if !l.provisioned(at) {
 			// Nothing was created: the teardown is already done.

@@ -156,6 +156,9 @@ func Decide(f *events.Fleet, now time.Time, seen map[string]time.Time, p Params)
 		ref := events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}
 		bound := f.BoundJob(a.ID)
 		switch {
+		case a.Held() && bound == 0 && busy(a, now):
+			// GitHub said its runner runs a job (its in_progress has not
+			// come): no deadline releases it (law 7).
 		case a.Held() && lost[a.Host] && lostRelease(a, bound, f.Hosts[a.Host], now, p.HostTTL):
 			plan.release(a, events.ReleaseHostLost)
 		case a.Held() && bound == 0 && !a.RunnerStarted && !a.Failed && provisionOverdue(a, now, fallback(a, p.ProvisionTimeout)):
@@ -164,6 +167,9 @@ func Decide(f *events.Fleet, now time.Time, seen map[string]time.Time, p Params)
 			plan.release(a, events.ReleaseRegistration)
 		case a.Held() && bound != 0 && p.MaxJobDuration > 0 && overran(f.Jobs[bound], now, p.MaxJobDuration):
 			plan.release(a, events.ReleaseMaxDuration)
+		case a.RunsJob() && (bound == 0 || f.Jobs[bound] == nil || f.Jobs[bound].Status != events.StatusCompleted):
+			// Its agent keeps the VM while the job runs, whatever
+			// teardown was asked for before the binding: no stop overran.
 		case a.TeardownReq && !a.Stopped && !a.Abandoned && now.Sub(a.TeardownAt) > p.TeardownTimeout:
 			plan.Abandon = append(plan.Abandon, events.AttemptAbandoned{AttemptRef: ref, Step: "stop", After: p.TeardownTimeout})
 		}
@@ -176,6 +182,13 @@ func Decide(f *events.Fleet, now time.Time, seen map[string]time.Time, p Params)
 	plan.leakAlarms(f, now, leaks)
 	plan.Demand = waiting(f, now, p)
 	return plan
+}
+
+// busy reports whether GitHub called the attempt's runner busy recently:
+// within FallbackFactor × RunnerBusyFor of its newest answer (a
+// dispatcher asks again every RunnerBusyFor while the deadline stands).
+func busy(a *events.Attempt, now time.Time) bool {
+	return now.Before(a.BusyUntil(FallbackFactor * events.RunnerBusyFor))
 }
 
 // lostRelease says whether a held attempt on a lost host is released now.

@@ -188,7 +188,7 @@ func (w *world) follow() {
 		w.t.Fatal(err)
 	}
 	w.js = js
-	w.app = &eventlog.Appender{JS: js, Source: "berth/test"}
+	w.app = &eventlog.Appender{JS: js, Source: "berth/test", Role: events.RoleCLI} // an operator's tool
 	ctx, cancel := context.WithCancel(w.ctx)
 	ch := make(chan eventlog.Delivered, 256)
 	var wg sync.WaitGroup
@@ -483,6 +483,10 @@ func attemptOf(e events.Event) string {
 	case *events.AttemptAbandoned:
 		return d.Attempt
 	case *events.AttemptDeregistered:
+		return d.Attempt
+	case *events.AttemptBound:
+		return d.Attempt
+	case *events.AttemptRunnerBusy:
 		return d.Attempt
 	}
 	return ""

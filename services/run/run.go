@@ -371,7 +371,8 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	d, err := dispatch.New(&eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 500 * time.Millisecond,
 		SnapshotKey: events.SnapshotKeyDispatcher, Consumer: consumer("dispatcher"), Replicas: cfg.NATS.Replicas}, app, minter,
 		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts, Warm: warmPools(dc.WarmPools),
-			RegistrationTimeout: cfg.Watchdog.RegistrationTimeout, ProvisionTimeout: cfg.Watchdog.ProvisionTimeout}, MintTimeout: dc.MintTimeout,
+			RegistrationTimeout: cfg.Watchdog.RegistrationTimeout, ProvisionTimeout: cfg.Watchdog.ProvisionTimeout,
+			ProbeAfter: dc.ProbeAfter, ProbeMax: dc.ProbeMax}, MintTimeout: dc.MintTimeout,
 			Retention: cfg.Watchdog.Retention, Budget: budget, Logger: logger,
 			Reconcile:   dispatch.Reconcile{After: dc.ReconcileAfter, Every: dc.ReconcileEvery, Limit: dc.ReconcileLimit},
 			Redeliverer: redeliverer, CurveSeedFile: filepath.Join(cfg.DataDir, "dispatcher", consumerSafe(instance()), "curve.seed")}, metrics)
@@ -386,7 +387,18 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 		return nil, "", fmt.Errorf("dispatcher: no webhook secret: set dispatcher.webhook_secret or webhook_secret_env (GitHub signs every delivery with it)")
 	}
 	loopMetrics(reg, d.Loop)
-	mux := httpx.Mux(reg, func() (bool, any) { return loopHealthy(d.Loop) })
+	mux := httpx.Mux(reg, func() (bool, any) {
+		ok, detail := loopHealthy(d.Loop)
+		// GitHub's part (law 11): a refusal of the App's credentials
+		// pauses every call and is degraded (503); a rate limit is
+		// shown, it lifts by itself at the reset.
+		reason, until := budget.Paused(time.Now())
+		detail["github_paused"] = reason
+		if reason != "" {
+			detail["github_paused_until"] = until.UTC().Format(time.RFC3339)
+		}
+		return ok && reason != "auth", detail
+	})
 	mux.HandleFunc("GET /status", statusHandler(func(ctx context.Context, fn func(*events.Fleet)) error { return d.Read(ctx, fn) }))
 	mux.Handle("POST /webhook", &dispatch.Intake{Secret: []byte(secret), Log: app, Now: time.Now, Logger: logger, Metrics: metrics})
 	addr, err := serve(ctx, s, "dispatcher", dc.Listen, mux)
@@ -440,7 +452,7 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 		ProvisionTimeout: wc.ProvisionTimeout, RegistrationTimeout: wc.RegistrationTimeout,
 		TeardownTimeout: wc.TeardownTimeout, MaxJobDuration: wc.MaxJobDuration, HostTTL: wc.HostTTL,
 		DemandWaitingAfter: wc.DemandWaitingAfter, DemandWaitingEvery: wc.DemandWaitingEvery, LeakGrace: wc.LeakGrace,
-		AbandonedCap: wc.AbandonedCap,
+		AbandonedCap: wc.AbandonedCap, DegradeAfter: wc.DegradeAfter, DegradeWindow: wc.DegradeWindow,
 	}, nil, logger)
 	w.Retention = wc.Retention
 	w.HeartbeatReplicas = cfg.NATS.Replicas

@@ -154,3 +154,30 @@ func loadLimitFixtures(dir string, fx *fixtures) error {
 	fx.primaryLimit, fx.secondaryLimit = primary.Body, body.Message
 	return nil
 }
+
+// Unauthorized makes every call to route (a Route* name, e.g.
+// RouteJITConfigOrg or RouteInstallationToken) answer 401 "Bad
+// credentials" for the next d, as GitHub does while it refuses an App's
+// credentials (a revoked or rotated key, a suspended installation). The
+// route's APICalls count includes the refused calls.
+func (s *Sim) Unauthorized(route string, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.unauthorized == nil {
+		s.unauthorized = map[string]time.Time{}
+	}
+	s.unauthorized[route] = time.Now().Add(d)
+}
+
+// refused answers the call with 401 if Unauthorized made the route refuse.
+func (s *Sim) refused(route string, w http.ResponseWriter) bool {
+	s.mu.Lock()
+	until, ok := s.unauthorized[route]
+	s.mu.Unlock()
+	if !ok || !time.Now().Before(until) {
+		return false
+	}
+	writeError(w, http.StatusUnauthorized, "Bad credentials", docsURL)
+	s.log.Info("refused credentials", "route", route)
+	return true
+}

@@ -90,12 +90,18 @@ func TestCulpritPlacementsGoToTheHealthyHost(t *testing.T) {
 }
 
 // Given two equally free healthy hosts, when the last placement on h-a
-// failed in its create step, then the next booking goes to h-b.
+// failed in its create step (charged to the host), then the next booking
+// goes to h-b, though h-a sorts first.
 func TestCulpritWorkSpreadsAwayFromAHostWhoseLastPlacementFailed(t *testing.T) {
-	l := given(t).add(host("h-a", 2, 2), host("h-b", 2, 2), queued(10), reserved(10, 1, "h-a"))
-	plan := l.createFails(10, 1, "h-a")
+	r := aref(10, 1, "h-a")
+	l := given(t).add(host("h-a", 2, 100), host("h-b", 2, 100), queued(10), reserved(10, 1, "h-a"),
+		&events.AttemptFailed{AttemptRef: r, Step: "create", Error: "exit 1", Culprit: events.CulpritHost},
+		&events.SlotReleased{Pool: "linux", Host: "h-a", Attempt: r.Attempt, Reason: events.ReleaseCreateFailed, JobID: 10,
+			Culprit: events.CulpritHost},
+		completed(10, "", "cancelled"), queued(11))
+	plan := l.decide()
 	if len(plan.Reserve) != 1 || plan.Reserve[0].Host != "h-b" {
-		t.Fatalf("bookings %+v, want the retry on h-b", plan.Reserve)
+		t.Fatalf("bookings %+v, want job 11 on h-b", plan.Reserve)
 	}
 }
 

@@ -19,7 +19,7 @@ type Attempt struct {
 	// ReleaseCulprit is who the release is charged to (culprit.go), ""
 	// for a release that is no failure.
 	ReleaseCulprit string
-	releases           map[string]struct{}
+	releases       map[string]struct{}
 
 	Placed         bool
 	RunnerID       int64

@@ -108,7 +108,9 @@ type Sim struct {
 	lose       func(DeliveryView) bool // deliveries to fail (LoseDeliveries)
 	timeOut    func(DeliveryView) bool // deliveries sent but recorded as timed out (TimeOutDeliveries)
 	limits     map[string]*rateLimit   // route → rate-limit answers due (RateLimit)
-	unauthorized map[string]time.Time // route → answer 401 until then (Unauthorized)
+
+	// route → answer 401 until then (Unauthorized)
+	unauthorized map[string]time.Time
 }
 
 // New loads and parses the fixtures once and starts the webhook sender goroutine.

@@ -2,9 +2,8 @@ package scenario
 
 import (
 	"net/http"
-	"time"
-
 	"testing"
+	"time"
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/config"
@@ -24,8 +23,8 @@ func culpritTune(c *config.Config) {
 	c.Dispatcher.MaxAttempts = 2
 }
 
-// served reports whether every job completed, and names the jobs that
-// lost an attempt or were given up on, from the dispatcher's fold.
+// attemptsKept names the jobs that lost an attempt or were given up on,
+// from the dispatcher's fold and the log.
 func (w *world) attemptsKept(jobs []int64) (lost []int64) {
 	w.t.Helper()
 	if err := w.f.Sys.Dispatcher.Read(w.ctx, func(f *events.Fleet) {

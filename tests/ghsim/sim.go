@@ -109,8 +109,8 @@ type Sim struct {
 	timeOut    func(DeliveryView) bool // deliveries sent but recorded as timed out (TimeOutDeliveries)
 	limits     map[string]*rateLimit   // route → rate-limit answers due (RateLimit)
 
-	// route → answer 401 until then (Unauthorized)
-	unauthorized map[string]time.Time
+	// route → refuse until then (Unauthorized, NotFound)
+	unauthorized map[string]refusal
 }
 
 // New loads and parses the fixtures once and starts the webhook sender goroutine.

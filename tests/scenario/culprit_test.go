@@ -210,3 +210,41 @@ func TestCulpritGitHubRefusingTheAppsCredentialsPausesAndKeepsEveryJob(t *testin
 	})
 	w.checkLedger()
 }
+
+// BL-14, BL-11, BL-09 under law 11: given GitHub refusing the JIT config
+// for the job itself (404: the App cannot see where the job runs; neither
+// an auth nor a rate answer), when every placement is refused, then each
+// release is charged to the job and after max_attempts the job is given
+// up as unschedulable with a reason, no further booking is made for it,
+// no host is degraded, and the pool serves the next job once GitHub
+// answers again.
+func TestCulpritAJobRefusedByGitHubIsGivenUpAfterMaxAttempts(t *testing.T) {
+	w := start(t, culpritTune) // max_attempts 2
+	w.f.Sim.NotFound(ghsim.RouteJITConfigOrg, time.Hour)
+	j := w.enqueue(linuxLabels, 200*time.Millisecond)
+	u := w.awaitJobFact(events.TypeJobUnschedulable, j, 30*time.Second).Data.(*events.JobUnschedulable)
+	if u.Attempts != 2 || u.Reason == "" {
+		t.Errorf("unschedulable %+v, want after 2 attempts, with a reason", u)
+	}
+	w.never("a third booking for the job", 2*time.Second, func() bool {
+		return len(w.jobFacts(events.TypeSlotReserved, j)) > 2
+	})
+	for _, e := range w.jobFacts(events.TypeSlotReleased, j) {
+		if r := e.Data.(*events.SlotReleased); r.Reason != events.ReleaseMintFailed || r.Culprit != events.CulpritJob {
+			t.Errorf("release %+v, want mint_failed charged to the job", r)
+		}
+	}
+	if len(w.facts(events.TypeHostDegraded, "")) != 0 {
+		t.Error("a host was degraded for the job's own fault")
+	}
+	st := w.status()
+	if st.Jobs.Unschedulable != 1 || poolStatus(st, "linux").PendingDemand != 0 {
+		t.Errorf("status jobs %+v, linux %+v: want the job unschedulable, not demand", st.Jobs, poolStatus(st, "linux"))
+	}
+
+	w.f.Sim.NotFound(ghsim.RouteJITConfigOrg, 0)
+	j2 := w.enqueue(linuxLabels, 200*time.Millisecond)
+	w.await("the next job completed", 20*time.Second, w.jobIs(j2, ghsim.StatusCompleted))
+	w.await("nothing held", 10*time.Second, func() bool { return poolStatus(w.status(), "linux").Held == 0 })
+	w.checkLedger()
+}

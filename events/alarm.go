@@ -11,6 +11,12 @@ const (
 	// AlarmForgedFact: a fact stored where its payload does not stand, or
 	// by a role that may not write it (law 10): a credential is misused.
 	AlarmForgedFact = "forged_fact"
+	// AlarmHostDegraded: a host of the pool is degraded (HostDegraded):
+	// its placements keep failing for a cause that is not the jobs'.
+	AlarmHostDegraded = "host_degraded"
+	// AlarmGitHubRefused: GitHub refused the App's own credentials; calls
+	// pause and jobs wait as demand until it answers again.
+	AlarmGitHubRefused = "github_refused"
 )
 
 // AlarmRaised: the watchdog saw something an operator must look at. Key is

@@ -55,13 +55,18 @@ func (f *Fleet) Apply(e Event) {
 			a.releases[releaseKey(e, d.Reason)] = struct{}{}
 			if !a.Released || e.Time.Before(a.ReleasedAt) {
 				a.ReleaseReason, a.ReleasedAt = d.Reason, e.Time
+				a.ReleaseCulprit = releaseCulprit(d.Reason, d.Culprit)
 			}
 			a.Released = true
 			if a.JobID == 0 {
 				a.JobID = d.JobID
 			}
 		})
+		f.releaseHealth(d, e)
 	case *AttemptPlaced:
+		if !d.Warm {
+			f.GitHub.Placed = maxMark(f.GitHub.Placed, markOf(e))
+		}
 		a := f.attempt(d.Attempt, d.Pool, d.Host)
 		f.touch(a, e.Time, func() {
 			a.Placed, a.PlacedAt, a.Warm = true, e.Time, a.Warm || d.Warm
@@ -77,9 +82,12 @@ func (f *Fleet) Apply(e Event) {
 		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) { a.Provisioning, a.ProvisioningAt = true, e.Time })
 	case *AttemptRunnerStarted:
 		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) { a.RunnerStarted, a.RunnerStartedAt = true, e.Time })
+		h := &f.host(d.Host).Health
+		h.CreateOK = maxMark(h.CreateOK, markOf(e))
 	case *AttemptFailed:
 		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) {
 			a.Failed, a.FailedAt, a.FailedStep, a.FailedError = true, e.Time, d.Step, d.Error
+			a.FailedCulprit = d.Culprit
 		})
 	case *AttemptTeardownRequested:
 		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) {
@@ -127,6 +135,7 @@ func (f *Fleet) Apply(e Event) {
 			}
 		})
 	case *AttemptAssigned:
+		f.GitHub.Placed = maxMark(f.GitHub.Placed, markOf(e))
 		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) {
 			a.Warm, a.Assigned, a.AssignedAt = true, true, e.Time
 			a.RunnerID, a.SealedJIT, a.SealedBy, a.SealedTo = d.RunnerID, d.SealedJIT, d.SealedBy, d.SealedTo
@@ -153,6 +162,10 @@ func (f *Fleet) Apply(e Event) {
 		f.cordon(d.HostChange, e, true)
 	case *HostUncordoned:
 		f.cordon(d.HostChange, e, false)
+	case *HostDegraded:
+		f.degraded(d.HostChange, e, d.Culprit)
+	case *HostRecovered:
+		f.degraded(d.HostChange, e, "")
 	case *DemandWaiting:
 		if d.At.After(f.DemandReported[d.Pool]) {
 			f.DemandReported[d.Pool] = d.At
@@ -279,6 +292,40 @@ func (f *Fleet) cordon(c HostChange, e Event, on bool) {
 		h.CordonReason, h.CordonBy, h.CordonedAt = "", "", time.Time{}
 		if on {
 			h.CordonReason, h.CordonBy, h.CordonedAt = c.Reason, c.By, e.Time
+		}
+	}
+}
+
+// releaseHealth records on the host's health what a release says about
+// it: a placement failure charged to the host, its image or its backend
+// (a lost host is its own state, not a placement failure), or a runner
+// that ran its job to the end.
+func (f *Fleet) releaseHealth(d *SlotReleased, e Event) {
+	if d.Host == "" {
+		return
+	}
+	culprit := releaseCulprit(d.Reason, d.Culprit)
+	if d.Reason == ReleaseGitHubRefused {
+		f.GitHub.Refused = maxMark(f.GitHub.Refused, markOf(e))
+	}
+	switch {
+	case d.Reason == ReleaseCompleted:
+		h := &f.host(d.Host).Health
+		h.RunnerOK = maxMark(h.RunnerOK, markOf(e))
+	case HostFault(culprit) && d.Reason != ReleaseHostLost:
+		f.host(d.Host).Health.failed(HostFailure{Attempt: d.Attempt, Culprit: culprit, Reason: d.Reason, At: markOf(e)})
+	}
+}
+
+// degraded folds a HostDegraded (culprit set) or a HostRecovered (culprit
+// ""): the fact stored last wins.
+func (f *Fleet) degraded(c HostChange, e Event, culprit string) {
+	h := &f.host(c.Host).Health
+	if m := markOf(e); m.After(h.Changed) {
+		h.Changed, h.Degraded = m, culprit != ""
+		h.Culprit, h.Reason, h.Since = "", "", Mark{}
+		if culprit != "" {
+			h.Culprit, h.Reason, h.Since = culprit, c.Reason, m
 		}
 	}
 }

@@ -59,10 +59,14 @@ func (e AttemptRunnerStarted) EventID() string { return e.Attempt + "/runner_sta
 
 // AttemptFailed: a lifecycle step failed (Step is "create", "open_jit"…).
 // The dispatcher reacts by releasing the slot and requesting teardown.
+// Culprit is who the agent charges it to (culprit.go): host for a create
+// that failed, backend when the backend says the fault is its own, berth
+// for a placement the agent could not open; "" reads as host.
 type AttemptFailed struct {
 	AttemptRef
-	Step  string `json:"step"`
-	Error string `json:"error"`
+	Step    string `json:"step"`
+	Error   string `json:"error"`
+	Culprit string `json:"culprit,omitempty"`
 }
 
 func (AttemptFailed) EventType() string { return TypeAttemptFailed }

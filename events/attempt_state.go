@@ -16,7 +16,10 @@ type Attempt struct {
 
 	Reserved, Released bool
 	ReleaseReason      string
-	releases           map[string]struct{}
+	// ReleaseCulprit is who the release is charged to (culprit.go), ""
+	// for a release that is no failure.
+	ReleaseCulprit string
+	releases       map[string]struct{}
 
 	Placed         bool
 	RunnerID       int64
@@ -28,6 +31,7 @@ type Attempt struct {
 	Failed         bool
 	FailedStep     string
 	FailedError    string
+	FailedCulprit  string // who the agent charged the failure to ("" reads as host)
 	TeardownReq    bool
 	TeardownReason string
 	Stopped        bool
@@ -124,15 +128,8 @@ func (a *Attempt) Terminal() bool {
 	return !a.Held() && !a.VMLive() && (a.Stopped || !a.Placed)
 }
 
-// FailureReason reports whether a release for reason r counts against the
-// job's attempts (Job.FailedAttempts).
-func FailureReason(r string) bool {
-	switch r {
-	case ReleaseProvisionTimeout, ReleaseRegistration, ReleaseCreateFailed, ReleaseMintFailed:
-		return true
-	}
-	return false
-}
+// Only a release charged to the job itself counts against its attempts
+// (Job.FailedAttempts; law 11, culprit.go: CountsAgainstJob).
 
 type contribution struct {
 	held, booked, live, abandoned bool
@@ -145,7 +142,7 @@ func (a *Attempt) contribution() contribution {
 		booked:    a.Booked(),
 		live:      a.VMLive(),
 		abandoned: a.Abandoned && !a.Stopped,
-		failed:    a.Released && FailureReason(a.ReleaseReason),
+		failed:    a.Released && CountsAgainstJob(a.ReleaseReason, a.ReleaseCulprit),
 	}
 }
 

@@ -59,6 +59,8 @@ var authors = map[string][]Role{
 	TypeHostLost:       {RoleWatchdog},
 	TypeHostCordoned:   {RoleWatchdog, RoleCLI},
 	TypeHostUncordoned: {RoleWatchdog, RoleCLI},
+	TypeHostDegraded:   {RoleWatchdog},
+	TypeHostRecovered:  {RoleWatchdog},
 
 	TypeDemandWaiting: {RoleWatchdog},
 	TypeAlarmRaised:   {RoleWatchdog},

@@ -32,6 +32,8 @@ const (
 	TypeHostLost       = "berth.host.lost.v1"
 	TypeHostCordoned   = "berth.host.cordoned.v1"
 	TypeHostUncordoned = "berth.host.uncordoned.v1"
+	TypeHostDegraded   = "berth.host.degraded.v1"
+	TypeHostRecovered  = "berth.host.recovered.v1"
 
 	TypeDemandWaiting = "berth.demand.waiting.v1"
 	TypeAlarmRaised   = "berth.alarm.raised.v1"
@@ -69,6 +71,8 @@ var catalogue = map[string]func() Payload{
 	TypeHostLost:       func() Payload { return &HostLost{} },
 	TypeHostCordoned:   func() Payload { return &HostCordoned{} },
 	TypeHostUncordoned: func() Payload { return &HostUncordoned{} },
+	TypeHostDegraded:   func() Payload { return &HostDegraded{} },
+	TypeHostRecovered:  func() Payload { return &HostRecovered{} },
 
 	TypeDemandWaiting: func() Payload { return &DemandWaiting{} },
 	TypeAlarmRaised:   func() Payload { return &AlarmRaised{} },

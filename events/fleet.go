@@ -96,6 +96,9 @@ type Host struct {
 	AbandonedVMs int            // abandoned and not yet seen stopped
 	Booked       int            // attempts holding a slot or a VM: what physical placement must count
 	OnlineAt     time.Time      // the time on the advertisement stored last (display only)
+	// Health is what the log says about its recent placements (law 11):
+	// failures charged to it, successes, and a degradation.
+	Health HostHealth
 
 	online, state, cordon stamp
 }
@@ -137,6 +140,8 @@ type Fleet struct {
 	// redelivers for 3 days) or the retention, whichever is longer, so it
 	// grows with deliveries of the last days, not with history.
 	Deliveries map[string]time.Time
+	// GitHub is GitHub's part in the fleet's failures (law 11).
+	GitHub GitHubHealth
 	// LastSeq is the highest stream sequence applied.
 	LastSeq uint64
 	// Skipped counts events of unknown types.

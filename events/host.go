@@ -73,3 +73,28 @@ type HostUncordoned struct{ HostChange }
 
 func (HostUncordoned) EventType() string { return TypeHostUncordoned }
 func (e HostUncordoned) EventID() string { return e.id("uncordoned") }
+
+// HostDegraded: the watchdog saw repeated placement failures charged to the
+// host, its image or its backend (Culprit) and marks it degraded (law 11):
+// the dispatcher prefers healthy hosts and sends it at most one probe
+// placement at a time, after an exponential back-off; the jobs keep their
+// attempts. Subject berth.evt.host.<host>.watchdog; emitted by the
+// watchdog; read by the dispatcher (placement), status and the pool
+// alarm; key host + "degraded" + time. Failures is the run that tripped it.
+type HostDegraded struct {
+	HostChange
+	Culprit  string `json:"culprit"`
+	Failures int    `json:"failures"`
+}
+
+func (HostDegraded) EventType() string { return TypeHostDegraded }
+func (e HostDegraded) EventID() string { return e.id("degraded") }
+
+// HostRecovered lifts a degradation: a probe placement on the host
+// succeeded (its create returned; for an image culprit, its runner ran a
+// job). Subject berth.evt.host.<host>.watchdog; emitted by the watchdog;
+// key host + "recovered" + time.
+type HostRecovered struct{ HostChange }
+
+func (HostRecovered) EventType() string { return TypeHostRecovered }
+func (e HostRecovered) EventID() string { return e.id("recovered") }

@@ -9,6 +9,7 @@ const (
 	ReleaseCreateFailed     = "create_failed"        // the backend's create step failed or was abandoned
 	ReleaseMintFailed       = "mint_failed"          // GitHub refused the JIT config
 	ReleaseRateLimited      = "rate_limited"         // GitHub rate-limited the JIT-config call: not a failure; the job stays demand and is booked again after the reset
+	ReleaseGitHubRefused    = "github_refused"       // GitHub refused the App's own credentials (401, or 403 not for rate): culprit github; the job stays demand and calls pause with a back-off
 	ReleaseHostLost         = "host_lost"            // the host stopped heartbeating
 	ReleaseHostDraining     = "host_draining"        // the host drains: its bookings and idle runners go back
 	ReleaseHostCordoned     = "host_cordoned"        // the host was cordoned before the booking got a VM
@@ -57,6 +58,10 @@ type SlotReleased struct {
 	Attempt string `json:"attempt"`
 	Reason  string `json:"reason"`
 	JobID   int64  `json:"job_id,omitempty"`
+	// Culprit is who the release is charged to when it ends a failed
+	// placement (culprit.go); "" means the reason's own (ReleaseCulprit).
+	// Only CulpritJob spends one of the job's attempts.
+	Culprit string `json:"culprit,omitempty"`
 }
 
 func (SlotReleased) EventType() string      { return TypeSlotReleased }

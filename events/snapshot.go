@@ -48,6 +48,7 @@ type (
 		DemandReported map[string]time.Time `json:"demand_reported"`
 		ByRunner       map[string]int64     `json:"by_runner"`
 		Deliveries     map[string]time.Time `json:"deliveries,omitempty"`
+		GitHub         GitHubHealth         `json:"github"`
 	}
 )
 
@@ -60,7 +61,7 @@ func fromSnap(s snapStamp) stamp { return stamp{s.At, s.Seq, s.ID} }
 // a full replay).
 func MarshalSnapshot(f *Fleet) ([]byte, error) {
 	s := snapshot{Version: SnapshotVersion, LastSeq: f.LastSeq, Skipped: f.Skipped, Applied: f.Applied,
-		DemandReported: f.DemandReported, ByRunner: f.byRunner, Deliveries: f.Deliveries}
+		DemandReported: f.DemandReported, ByRunner: f.byRunner, Deliveries: f.Deliveries, GitHub: f.GitHub}
 	for _, j := range f.Jobs {
 		s.Jobs = append(s.Jobs, j)
 	}
@@ -103,7 +104,7 @@ func UnmarshalSnapshot(b []byte) (*Fleet, error) {
 		return nil, fmt.Errorf("snapshot version %d, this build reads %d", s.Version, SnapshotVersion)
 	}
 	f := NewFleet()
-	f.LastSeq, f.Skipped, f.Applied = s.LastSeq, s.Skipped, s.Applied
+	f.LastSeq, f.Skipped, f.Applied, f.GitHub = s.LastSeq, s.Skipped, s.Applied, s.GitHub
 	for _, j := range s.Jobs {
 		j.labelKey = strings.Join(j.Labels, ",")
 		f.Jobs[j.ID] = j

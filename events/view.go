@@ -21,6 +21,15 @@ type Status struct {
 	// --config` was given (absent without one): the admin's to fix with
 	// `berth stream apply`, never the services'.
 	StreamDrift []string `json:"stream_drift,omitempty"`
+	// GitHub says whether GitHub refused the App's own credentials since
+	// its last placement: calls pause and jobs wait as demand (law 11).
+	GitHub GitHubStatus `json:"github"`
+}
+
+// GitHubStatus is GitHub's part in the fleet's failures, from the log.
+type GitHubStatus struct {
+	Refused bool       `json:"refused"`
+	Since   *time.Time `json:"refused_since,omitempty"`
 }
 
 // AbandonedVM is one abandoned VM.
@@ -83,6 +92,11 @@ type HostStatus struct {
 	// by `berth status`; the watchdog reports its own measure in /healthz
 	// and berth_host_clock_skew_seconds. Shown, never acted on (law 10).
 	ClockSkewSeconds *float64 `json:"clock_skew_seconds,omitempty"`
+	// Degraded: the watchdog marked the host (HostDegraded): its
+	// placements keep failing for Culprit (host, image or backend).
+	Degraded        bool   `json:"degraded,omitempty"`
+	DegradedCulprit string `json:"degraded_culprit,omitempty"`
+	DegradedReason  string `json:"degraded_reason,omitempty"`
 }
 
 // JobCounts counts jobs the projection still holds, by status.
@@ -233,7 +247,8 @@ func (b *statusBuilder) addHosts() {
 	for _, h := range b.f.Hosts {
 		hs := HostStatus{Name: h.Name, State: h.State, Cordoned: h.Cordoned, CordonReason: h.CordonReason, CordonBy: h.CordonBy,
 			PhysicalCap: h.PhysicalCap, LiveVMs: h.LiveVMs, AbandonedVMs: h.AbandonedVMs,
-			Slots: map[string]int{}, Held: map[string]int{}}
+			Slots: map[string]int{}, Held: map[string]int{},
+			Degraded: h.Health.Degraded, DegradedCulprit: h.Health.Culprit, DegradedReason: h.Health.Reason}
 		for name, ps := range h.Pools {
 			hs.Slots[name] = ps.Slots
 			hs.Held[name] = h.Held[name]
@@ -265,6 +280,10 @@ func (b *statusBuilder) addAlarms() {
 // order.
 func (b *statusBuilder) finish() Status {
 	st := b.st
+	if g := b.f.GitHub; g.Refusing() {
+		at := g.Refused.At
+		st.GitHub = GitHubStatus{Refused: true, Since: &at}
+	}
 	for _, p := range b.pools {
 		if w := p.PendingDemand - b.unbound[p.Name]; w > 0 {
 			p.WaitingForSlot = w

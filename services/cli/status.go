@@ -128,6 +128,15 @@ func PrintStatus(w io.Writer, st events.Status, asJSON bool, now time.Time) erro
 			fmt.Fprintf(tw, "  held %s: attempt %s on %s, %s, booked for job %d, running job %s\n", p.Name, h.Attempt, h.Host, h.Stage, h.JobID, bound)
 		}
 	}
+	for _, h := range st.Hosts {
+		if h.Degraded {
+			fmt.Fprintf(tw, "DEGRADED %s (%s): %s\n", h.Name, h.DegradedCulprit, h.DegradedReason)
+		}
+	}
+	if g := st.GitHub; g.Refused && g.Since != nil {
+		fmt.Fprintf(tw, "GITHUB refused the App's credentials since %s: calls pause, jobs wait as demand (docs/runbooks.md#github-refused)\n",
+			g.Since.Format(time.RFC3339))
+	}
 	for _, a := range st.Alarms {
 		fmt.Fprintf(tw, "ALARM %s (%s): %s\n", a.Key, a.Pool, a.Message)
 	}

@@ -98,9 +98,14 @@ type Dispatcher struct {
 	// WebhookSecretEnv names an environment variable holding the secret.
 	WebhookSecretEnv string `yaml:"webhook_secret_env"`
 	GitHub           GitHub `yaml:"github"`
-	// MaxAttempts is how many failed placements a job gets before it is
-	// declared unschedulable.
+	// MaxAttempts is how many placements may fail for the job's own fault
+	// before it is declared unschedulable (law 11: failures charged to a
+	// host, an image, a backend or GitHub never count).
 	MaxAttempts int `yaml:"max_attempts"`
+	// ProbeAfter: a degraded host gets one probe placement after this
+	// back-off, doubled per failed probe up to ProbeMax.
+	ProbeAfter time.Duration `yaml:"probe_after"`
+	ProbeMax   time.Duration `yaml:"probe_max"`
 	// MintTimeout bounds one JIT-config call to GitHub.
 	MintTimeout time.Duration `yaml:"mint_timeout"`
 	// ReconcileAfter: a queued or running job with no new fact for this long
@@ -184,6 +189,10 @@ type Watchdog struct {
 	// AbandonedCap: a host with this many abandoned VMs is cordoned until
 	// late stops bring it below.
 	AbandonedCap int `yaml:"abandoned_cap"`
+	// DegradeAfter placement failures in a row charged to a host (its
+	// machine, image or backend) within DegradeWindow mark it degraded.
+	DegradeAfter  int           `yaml:"degrade_after"`
+	DegradeWindow time.Duration `yaml:"degrade_window"`
 	// Retention: terminal jobs and attempts leave the projections after this.
 	Retention time.Duration `yaml:"retention"`
 }
@@ -275,6 +284,8 @@ func (c *Config) Defaults() {
 	or(&d.Listen, "127.0.0.1:8080")
 	or(&d.MaxAttempts, 5)
 	or(&d.MintTimeout, 10*time.Second)
+	or(&d.ProbeAfter, 30*time.Second)
+	or(&d.ProbeMax, 10*time.Minute)
 	or(&d.ReconcileAfter, 5*time.Minute)
 	or(&d.ReconcileEvery, time.Minute)
 	or(&d.ReconcileLimit, 20)
@@ -294,6 +305,8 @@ func (c *Config) Defaults() {
 	or(&w.DemandWaitingEvery, 5*time.Minute)
 	or(&w.LeakGrace, 15*time.Minute)
 	or(&w.AbandonedCap, 2)
+	or(&w.DegradeAfter, 3)
+	or(&w.DegradeWindow, 15*time.Minute)
 	or(&w.Retention, 72*time.Hour)
 	for i := range c.Agents {
 		a := &c.Agents[i]
@@ -350,7 +363,7 @@ func (c *Config) validateCounts(bad func(string, ...any)) {
 		v, least int
 	}{{"nats.replicas", c.NATS.Replicas, 1}, {"dispatcher.max_attempts", c.Dispatcher.MaxAttempts, 1},
 		{"dispatcher.reconcile_limit", c.Dispatcher.ReconcileLimit, 1}, {"dispatcher.runner_sweep_limit", c.Dispatcher.RunnerSweepLimit, 1},
-		{"watchdog.abandoned_cap", c.Watchdog.AbandonedCap, 1}} {
+		{"watchdog.abandoned_cap", c.Watchdog.AbandonedCap, 1}, {"watchdog.degrade_after", c.Watchdog.DegradeAfter, 1}} {
 		if n.v < n.least {
 			bad("%s %d: give at least %d", n.key, n.v, n.least)
 		}

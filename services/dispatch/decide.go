@@ -149,10 +149,21 @@ type Params struct {
 	// and deregisters nothing until it allows calls again.
 	Blocked bool
 	// Refused holds the attempts whose JIT config GitHub refused (or held
-	// back with a rate limit) → the release reason: the dispatcher's shell
-	// observes the answer, the plan releases the slot.
+	// back with a rate limit, or refused the App's credentials) → the
+	// release reason: the dispatcher's shell observes the answer, the plan
+	// releases the slot, charged to the reason's culprit (events.ReleaseCulprit).
 	Refused map[string]string
+	// ProbeAfter is the first back-off before a degraded host gets a probe
+	// placement; it doubles with each failed probe up to ProbeMax (0:
+	// DefaultProbeAfter, DefaultProbeMax). Measured on Now.
+	ProbeAfter, ProbeMax time.Duration
 }
+
+// Back-off of probe placements on a degraded host (law 11).
+const (
+	DefaultProbeAfter = 30 * time.Second
+	DefaultProbeMax   = 10 * time.Minute
+)
 
 // Expired names the deadline a placed, unbound attempt has passed
 // (ReleaseRegistration or ReleaseProvisionTimeout), or ReleaseHostLost when
@@ -186,7 +197,8 @@ func Decide(f *events.Fleet, p Params) Plan {
 	}
 	pl := &planner{f: f, p: p, labels: f.PoolLabels(), unbound: map[string][]*events.Attempt{},
 		warm: map[string][]*events.Attempt{}, ownUnbound: map[int64]bool{}, expiring: map[string]bool{},
-		unminted: map[string]int{}, failedNow: map[int64]int{}, booked: map[string]int{}, heldNow: map[[2]string]int{}}
+		unminted: map[string]int{}, failedNow: map[int64]int{}, booked: map[string]int{}, heldNow: map[[2]string]int{},
+		starting: map[string]int{}}
 	pl.countDemand()
 	for a := range f.UnquietAttempts() {
 		pl.attempt(a)
@@ -242,6 +254,7 @@ type planner struct {
 	failedNow     map[int64]int   // job → failed attempts this plan releases
 	booked        map[string]int  // host → attempts booked in this plan
 	heldNow       map[[2]string]int
+	starting      map[string]int // host → held attempts whose runner has not started (a probe in flight)
 }
 
 // countDemand counts queued jobs per pool (law 8) and records jobs GitHub
@@ -276,11 +289,14 @@ func (pl *planner) attempt(a *events.Attempt) {
 	bound := f.BoundJob(a.ID)
 	if r, ok := pl.released(a, bound); ok {
 		plan.Release = append(plan.Release, r)
-		if events.FailureReason(r.Reason) {
+		if events.CountsAgainstJob(r.Reason, r.Culprit) {
 			pl.failedNow[a.JobID]++ // booked again in this round: count it now
 		}
 	} else {
 		pl.unreleased(a, bound)
+		if a.Held() && !a.RunnerStarted && !a.Failed && !a.Abandoned {
+			pl.starting[a.Host]++
+		}
 	}
 	if b, ok := binding(f, a, bound); ok {
 		plan.Bound = append(plan.Bound, b)
@@ -356,8 +372,9 @@ func (pl *planner) released(a *events.Attempt, bound int64) (events.SlotReleased
 		// keeps its slot until that job completes, whatever its create
 		// step reported. A create that failed or overran its deadline
 		// ends this attempt's claim on demand; its VM, if any, stays
-		// counted on the host until it is seen stopped.
-		return release(a, events.ReleaseCreateFailed), true
+		// counted on the host until it is seen stopped. It is charged to
+		// the host (or to what the agent named), never to the job.
+		return charged(release(a, events.ReleaseCreateFailed), failedCulprit(a)), true
 	case a.Placed && a.Deregistered:
 		// GitHub confirmed its runner gone (a deadline or a surplus
 		// deregistration): nothing can take a job on it any more.
@@ -365,11 +382,14 @@ func (pl *planner) released(a *events.Attempt, bound int64) (events.SlotReleased
 		if reason == "" {
 			reason = events.ReleaseSurplus
 		}
-		return release(a, reason), true
+		return charged(release(a, reason), expiredCulprit(a, reason)), true
 	case p.Refused[a.ID] != "" && (!a.Placed || (a.Warm && !a.Assigned)):
 		// GitHub refused its JIT config, or said to wait: the slot goes
-		// back and the job is booked again (BL-12).
-		return release(a, p.Refused[a.ID]), true
+		// back and the job is booked again (BL-12). A refusal for the
+		// job's own repository or labels is the job's; a refusal of the
+		// App's credentials or a rate limit is GitHub's.
+		reason := p.Refused[a.ID]
+		return charged(release(a, reason), events.ReleaseCulprit(reason)), true
 	}
 	return events.SlotReleased{}, false
 }
@@ -465,8 +485,8 @@ func (pl *planner) giveBack(supply []*events.Attempt, surplus int) {
 	}
 }
 
-// bookJob serves one waiting job: unschedulable after MaxAttempts failed
-// placements, else an idle (or booting) warm VM claimed by a fact before
+// bookJob serves one waiting job: unschedulable after MaxAttempts
+// placements failed for the job's own fault (law 11: only those count), else an idle (or booting) warm VM claimed by a fact before
 // anything is minted (no job waits for a cold boot while one exists), else
 // a fresh slot on the best host. ok is false when no host has room.
 func (pl *planner) bookJob(pool string, j *events.Job, free []*events.Attempt) (rest []*events.Attempt, ok bool) {
@@ -474,7 +494,8 @@ func (pl *planner) bookJob(pool string, j *events.Job, free []*events.Attempt) (
 	if failed := j.FailedAttempts + pl.failedNow[j.ID]; failed >= pl.p.MaxAttempts {
 		plan.Unschedulable = append(plan.Unschedulable, events.JobUnschedulable{
 			JobID: j.ID, Attempts: failed,
-			Reason: "every placement failed before a runner took a job; check the backend's create step and the agents' logs"})
+			Reason: "GitHub refused a runner for this job's repository or labels on every placement (the job's own fault: " +
+				"failures charged to a host, an image, a backend or GitHub never count); check runs-on and the App's access to the repository"})
 		return free, true
 	}
 	if len(free) > 0 {
@@ -483,7 +504,7 @@ func (pl *planner) bookJob(pool string, j *events.Job, free []*events.Attempt) (
 		pl.unminted[pool]++
 		return free[1:], true
 	}
-	host := pickHost(pl.f, pool, pl.booked, pl.heldNow, false)
+	host := pickHost(pl.f, pool, pl.booked, pl.heldNow, false, pl.probeDue)
 	if host == "" {
 		return free, false
 	}
@@ -537,11 +558,32 @@ func hostWithdrawn(f *events.Fleet, a *events.Attempt) string {
 }
 
 // pickHost returns the accepting host with the most free slots in pool and
-// physical room, or "". Ties go to the name that sorts first. warm asks for
-// a host whose backend can keep warm VMs; only, when set, considers that
-// host alone.
-func pickHost(f *events.Fleet, pool string, booked map[string]int, heldNow map[[2]string]int, warm bool, only ...string) string {
-	best, bestFree := "", 0
+// physical room, or "". Ties go to the host with the shorter run of failed
+// placements (law 11: work spreads away from a host whose last placement
+// failed), then to the name that sorts first. A degraded host is left out
+// unless probe says a probe placement is due there, and then it comes
+// first: its one probe proves it healthy or not (nil: degraded hosts are
+// left out). warm asks for a host whose backend can keep warm VMs; only,
+// when set, considers that host alone.
+func pickHost(f *events.Fleet, pool string, booked map[string]int, heldNow map[[2]string]int, warm bool,
+	probe func(*events.Host) bool, only ...string) string {
+	type rank struct {
+		probe        bool
+		free, streak int
+		name         string
+	}
+	better := func(a, b rank) bool {
+		switch {
+		case a.probe != b.probe:
+			return a.probe
+		case a.free != b.free:
+			return a.free > b.free
+		case a.streak != b.streak:
+			return a.streak < b.streak
+		}
+		return a.name < b.name
+	}
+	var best rank
 	for name, h := range f.Hosts {
 		ps, ok := h.Pools[pool]
 		if !ok || !h.Accepts() || h.CurveKey == "" || (warm && !h.Assign) || (len(only) > 0 && name != only[0]) {
@@ -552,11 +594,75 @@ func pickHost(f *events.Fleet, pool string, booked map[string]int, heldNow map[[
 		if free <= 0 || room <= 0 {
 			continue
 		}
-		if free > bestFree || (free == bestFree && name < best) {
-			best, bestFree = name, free
+		r := rank{free: free, name: name}
+		if h.Health.Degraded {
+			if probe == nil || !probe(h) {
+				continue
+			}
+			r.probe = true
+		}
+		r.streak, _, _ = h.Health.Streak(time.Time{})
+		if best.name == "" || better(r, best) {
+			best = r
 		}
 	}
-	return best
+	return best.name
+}
+
+// probeDue reports whether a degraded host may take a probe placement now:
+// none is in flight there (booked this round, or held with no runner
+// started yet), and the back-off since it was degraded, or since its last
+// failed probe, is over: ProbeAfter doubled per failed probe, at most
+// ProbeMax, measured on the plan's Now.
+func (pl *planner) probeDue(h *events.Host) bool {
+	if pl.p.Now.IsZero() || pl.booked[h.Name] > 0 || pl.starting[h.Name] > 0 {
+		return false
+	}
+	first, most := pl.p.ProbeAfter, pl.p.ProbeMax
+	if first <= 0 {
+		first = DefaultProbeAfter
+	}
+	if most <= 0 {
+		most = DefaultProbeMax
+	}
+	failed, last := h.Health.FailedSince(h.Health.Since)
+	from := h.Health.Since.At
+	if last.At.After(from) {
+		from = last.At
+	}
+	wait := first
+	for ; failed > 0 && wait < most; failed-- {
+		wait *= 2
+	}
+	return pl.p.Now.Sub(from) >= min(wait, most)
+}
+
+// failedCulprit is who a failed or abandoned create is charged to: what
+// the agent named, else the host.
+func failedCulprit(a *events.Attempt) string {
+	if a.Failed && a.FailedCulprit != "" {
+		return a.FailedCulprit
+	}
+	return events.CulpritHost
+}
+
+// expiredCulprit is who a deregistered runner's release is charged to: a
+// runner that started and never took a job, its image; one that never
+// started on its host, the host; a surplus runner, nobody.
+func expiredCulprit(a *events.Attempt, reason string) string {
+	switch reason {
+	case events.ReleaseRegistration:
+		return events.CulpritImage
+	case events.ReleaseProvisionTimeout, events.ReleaseHostLost:
+		return events.CulpritHost
+	}
+	return ""
+}
+
+// charged names the culprit a release is charged to.
+func charged(r events.SlotReleased, culprit string) events.SlotReleased {
+	r.Culprit = culprit
+	return r
 }
 
 // leastAdvanced picks n attempts to give back, those that cost least to

@@ -217,7 +217,11 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 		params.Blocked = true
 		if !d.warnedUntil.Equal(until) {
 			d.warnedUntil = until
-			d.opts.Logger.Warn("GitHub rate limit: no new bookings or JIT configs until the reset; queued jobs wait",
+			why := "GitHub rate limit"
+			if reason, _ := d.opts.Budget.Paused(now); reason == "auth" {
+				why = "GitHub refused the App's credentials"
+			}
+			d.opts.Logger.Warn(why+": no new bookings or JIT configs until then; queued jobs wait as demand",
 				"until", until.Format(time.RFC3339))
 		}
 	}
@@ -347,10 +351,12 @@ func (d *Dispatcher) mint(ctx context.Context, a *events.Attempt) {
 func (d *Dispatcher) SealingKey() string { return d.curvePub }
 
 // mintFailed records, on the loop, what a refused mint means for Decide:
-// a refusal gives the slot back (the job is booked again with a fresh
-// attempt); a rate limit gives it back without counting a failed attempt
-// (BL-12: hold no slot while GitHub says to wait); anything else leaves
-// the booking for a retry, bounded by the provisioning deadline.
+// a refusal for the job's repository or labels gives the slot back charged
+// to the job (it is booked again with a fresh attempt); a rate limit, or a
+// refusal of the App's own credentials, gives it back charged to GitHub,
+// which costs the job nothing, and pauses calls (BL-12: hold no slot while
+// GitHub says to wait; law 11); anything else leaves the booking for a
+// retry, bounded by the provisioning deadline.
 func (d *Dispatcher) mintFailed(ctx context.Context, attempt string, warm bool, err error, logger *slog.Logger) {
 	reason := events.ReleaseMintFailed
 	switch {
@@ -361,6 +367,18 @@ func (d *Dispatcher) mintFailed(ctx context.Context, attempt string, warm bool, 
 		}
 		logger.Warn("GitHub rate limit on the JIT config; the slot goes back and the job waits as demand", "err", err)
 		reason = events.ReleaseRateLimited
+	case AuthRefused(err) && d.opts.Budget != nil:
+		// GitHub's fault, not the job's (law 11): calls pause with a
+		// back-off, the slot goes back charged to GitHub, and the job
+		// stays demand, served when GitHub takes the credentials again.
+		until := d.opts.Budget.Refused(time.Now())
+		if warm {
+			logger.Warn("GitHub refused the App's credentials on the JIT config; the claimed warm VM waits", "err", err, "until", until)
+			return
+		}
+		logger.Error("GitHub refused the App's credentials on the JIT config; calls pause and the job waits as demand",
+			"err", err, "until", until.Format(time.RFC3339))
+		reason = events.ReleaseGitHubRefused
 	case MintRetryable(err):
 		logger.Warn("JIT config not minted yet; will retry", "err", err)
 		return

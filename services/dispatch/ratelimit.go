@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/bradleyfalzon/ghinstallation/v2"
 	"github.com/google/go-github/v62/github"
 )
 
@@ -29,7 +30,19 @@ type Budget struct {
 	reset     time.Time
 	until     time.Time // no call before this
 	seen      time.Time // when the headers were last read
+	// GitHub refused the App's own credentials (AuthRefused): no call
+	// before authUntil, a back-off that doubles with each refusal in a
+	// row (authRefusals) and starts again after an answer that is not one.
+	authUntil    time.Time
+	authRefusals int
 }
+
+// Back-off after GitHub refuses the App's credentials: the first wait, and
+// the most it grows to.
+const (
+	authWaitFirst = time.Second
+	authWaitMax   = 2 * time.Minute
+)
 
 // secondaryWait is GitHub's advice for a secondary limit without Retry-After.
 const secondaryWait = time.Minute
@@ -60,6 +73,9 @@ func (b *Budget) Observe(resp *http.Response, err error, now time.Time) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if resp.StatusCode < 400 {
+		b.authRefusals = 0 // GitHub takes the credentials again
+	}
 	h := resp.Header
 	if v, err := strconv.Atoi(h.Get("X-RateLimit-Remaining")); err == nil {
 		b.remaining, b.seen = v, now
@@ -139,11 +155,77 @@ func RateLimited(err error) bool {
 	return false
 }
 
-// Blocked reports whether calls must wait, and until when.
+// Blocked reports whether calls must wait, and until when: for a rate
+// limit, or after GitHub refused the App's credentials.
 func (b *Budget) Blocked(now time.Time) (bool, time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return now.Before(b.until), b.until
+	until := b.until
+	if b.authUntil.After(until) {
+		until = b.authUntil
+	}
+	return now.Before(until), until
+}
+
+// Refused records that GitHub refused the App's own credentials (law 11:
+// GitHub's fault, not the job's): calls pause for a back-off that doubles
+// with each refusal in a row, from authWaitFirst to authWaitMax.
+func (b *Budget) Refused(now time.Time) time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	wait := authWaitFirst
+	for i := 0; i < b.authRefusals && wait < authWaitMax; i++ {
+		wait *= 2
+	}
+	b.authRefusals++
+	if until := now.Add(min(wait, authWaitMax)); until.After(b.authUntil) {
+		b.authUntil = until
+	}
+	return b.authUntil
+}
+
+// Paused says why calls wait now ("auth": GitHub refused the App's
+// credentials; "rate": a rate limit; "" when they do not), and until when.
+func (b *Budget) Paused(now time.Time) (reason string, until time.Time) {
+	if b == nil {
+		return "", time.Time{}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case now.Before(b.authUntil):
+		return "auth", b.authUntil
+	case now.Before(b.until):
+		return "rate", b.until
+	}
+	return "", time.Time{}
+}
+
+// AuthRefused reports whether a failed call means GitHub refused the App's
+// own credentials: a 401 from the API (a JIT-config call) or from the
+// installation-token endpoint (ghinstallation's *HTTPError), or a 403 that
+// is not a rate limit ("Resource not accessible by integration": the
+// App's permissions). The status is read here, in one place.
+func AuthRefused(err error) bool {
+	var resp *http.Response
+	var er *github.ErrorResponse
+	var te *ghinstallation.HTTPError
+	switch {
+	case errors.As(err, &er):
+		resp = er.Response
+	case errors.As(err, &te):
+		resp = te.Response
+	}
+	if resp == nil {
+		return false
+	}
+	switch resp.StatusCode {
+	case http.StatusUnauthorized:
+		return true
+	case http.StatusForbidden:
+		return !RateLimited(err)
+	}
+	return false
 }
 
 // State is the budget as last seen, for metrics and health.

@@ -155,13 +155,13 @@ func (plan *Plan) refill(f *events.Fleet, p Params, pool string, labels []string
 	}
 	sort.Strings(hosts)
 	for _, h := range hosts { // each named host's floor first, on that host
-		for onHost[h] < w.Hosts[h] && pickHost(f, pool, booked, heldNow, true, h) != "" {
+		for onHost[h] < w.Hosts[h] && pickHost(f, pool, booked, heldNow, true, nil, h) != "" {
 			book(h)
 			have++
 		}
 	}
 	for ; have < target; have++ {
-		host := pickHost(f, pool, booked, heldNow, true)
+		host := pickHost(f, pool, booked, heldNow, true, nil)
 		if host == "" {
 			return // no room: the pool refills when capacity comes back
 		}

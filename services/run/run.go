@@ -31,6 +31,7 @@ import (
 	"github.com/berth-ci/berth/services/vmagent"
 	"github.com/berth-ci/berth/services/vmagent/backend"
 	"github.com/berth-ci/berth/services/watchdog"
+	"github.com/google/go-github/v62/github"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -338,18 +339,7 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	}
 	logger = logger.With("service", "dispatcher")
 	dc := cfg.Dispatcher
-	var hc *http.Client
-	token := config.Secret(dc.GitHub.Token, dc.GitHub.TokenEnv)
-	if app := dc.GitHub.App; app.ID != 0 {
-		tr, err := dispatch.AppTransport(dispatch.App{ID: app.ID, InstallationID: app.InstallationID, PrivateKeyFile: app.PrivateKeyFile},
-			dc.GitHub.APIURL, nil, nil)
-		if err != nil {
-			nc.Close()
-			return nil, "", err
-		}
-		hc, token = &http.Client{Transport: tr}, ""
-	}
-	gh, err := dispatch.NewGitHubClient(dc.GitHub.APIURL, token, hc)
+	gh, err := githubClient(dc)
 	if err != nil {
 		nc.Close()
 		return nil, "", err
@@ -368,7 +358,8 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	d, err := dispatch.New(&eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 500 * time.Millisecond,
 		SnapshotKey: events.SnapshotKeyDispatcher, Consumer: consumer("dispatcher"), Replicas: cfg.NATS.Replicas}, app, minter,
 		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts, Warm: warmPools(dc.WarmPools),
-			RegistrationTimeout: cfg.Watchdog.RegistrationTimeout, ProvisionTimeout: cfg.Watchdog.ProvisionTimeout}, MintTimeout: dc.MintTimeout,
+			RegistrationTimeout: cfg.Watchdog.RegistrationTimeout, ProvisionTimeout: cfg.Watchdog.ProvisionTimeout,
+			ProbeAfter: dc.ProbeAfter, ProbeMax: dc.ProbeMax}, MintTimeout: dc.MintTimeout,
 			Retention: cfg.Watchdog.Retention, Budget: budget, Logger: logger,
 			Reconcile:  dispatch.Reconcile{After: dc.ReconcileAfter, Every: dc.ReconcileEvery, Limit: dc.ReconcileLimit},
 			Sweep:      dispatch.Sweep{Every: dc.RunnerSweepEvery, Grace: dc.RunnerSweepGrace, Limit: dc.RunnerSweepLimit},
@@ -387,7 +378,15 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	loopMetrics(reg, d.Loop)
 	mux := httpx.Mux(reg, func() (bool, any) {
 		ok, detail := loopHealthy(d.Loop)
-		return sh.add(ok, detail), detail
+		// GitHub's part (law 11): a refusal of the App's credentials
+		// pauses every call and is degraded (503); a rate limit is
+		// shown, it lifts by itself at the reset.
+		reason, until := budget.Paused(time.Now())
+		detail["github_paused"] = reason
+		if reason != "" {
+			detail["github_paused_until"] = until.UTC().Format(time.RFC3339)
+		}
+		return sh.add(ok && reason != "auth", detail), detail
 	})
 	mux.HandleFunc("GET /status", statusHandler(func(ctx context.Context, fn func(*events.Fleet)) error { return d.Read(ctx, fn) }))
 	mux.Handle("POST /webhook", &dispatch.Intake{Secret: []byte(secret), Log: app, Now: time.Now, Logger: logger, Metrics: metrics})
@@ -402,6 +401,22 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	})
 	logger.Info("dispatcher listening", "addr", addr, "github", dc.GitHub.APIURL)
 	return d, addr, nil
+}
+
+// githubClient is the dispatcher's go-github client: through the App's
+// installation token when an App is configured, else with the token.
+func githubClient(dc config.Dispatcher) (*github.Client, error) {
+	var hc *http.Client
+	token := config.Secret(dc.GitHub.Token, dc.GitHub.TokenEnv)
+	if app := dc.GitHub.App; app.ID != 0 {
+		tr, err := dispatch.AppTransport(dispatch.App{ID: app.ID, InstallationID: app.InstallationID, PrivateKeyFile: app.PrivateKeyFile},
+			dc.GitHub.APIURL, nil, nil)
+		if err != nil {
+			return nil, err
+		}
+		hc, token = &http.Client{Transport: tr}, ""
+	}
+	return dispatch.NewGitHubClient(dc.GitHub.APIURL, token, hc)
 }
 
 // redelivererFor is the hook-deliveries client of
@@ -442,7 +457,7 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 		ProvisionTimeout: wc.ProvisionTimeout, RegistrationTimeout: wc.RegistrationTimeout,
 		TeardownTimeout: wc.TeardownTimeout, MaxJobDuration: wc.MaxJobDuration, HostTTL: wc.HostTTL,
 		DemandWaitingAfter: wc.DemandWaitingAfter, DemandWaitingEvery: wc.DemandWaitingEvery, LeakGrace: wc.LeakGrace,
-		AbandonedCap: wc.AbandonedCap,
+		AbandonedCap: wc.AbandonedCap, DegradeAfter: wc.DegradeAfter, DegradeWindow: wc.DegradeWindow,
 	}, nil, logger)
 	w.Retention = wc.Retention
 	w.HeartbeatReplicas = cfg.NATS.Replicas

@@ -328,7 +328,7 @@ func (a *Agent) outcome(ctx context.Context, r events.AttemptRef, step string, e
 		return events.AttemptAbandoned{AttemptRef: r, Step: step, After: a.opts.CreateTimeout}, true
 	case err != nil:
 		logger.Warn(step+" failed", "err", err)
-		return events.AttemptFailed{AttemptRef: r, Step: step, Error: err.Error()}, true
+		return events.AttemptFailed{AttemptRef: r, Step: step, Error: err.Error(), Culprit: backend.Culprit(err)}, true
 	}
 	logger.Info(step+" done", "result", success.EventType())
 	return success, true
@@ -353,7 +353,7 @@ func (a *Agent) startAssign(ctx context.Context, at *events.Attempt) {
 		}
 		var result events.Payload
 		if err != nil {
-			result = events.AttemptFailed{AttemptRef: r, Step: "open_jit", Error: err.Error()}
+			result = events.AttemptFailed{AttemptRef: r, Step: "open_jit", Error: err.Error(), Culprit: events.CulpritBerth}
 		} else {
 			err = a.step(ctx, a.opts.CreateTimeout, func(c context.Context) error { return a.backend.Assign(c, vm) })
 			var ok bool
@@ -399,7 +399,7 @@ func (a *Agent) startCreate(ctx context.Context, at *events.Attempt) {
 		if err != nil {
 			a.Loop.Post(ctx, func() {
 				delete(a.creating, r.Attempt)
-				_ = a.Append(ctx, events.AttemptFailed{AttemptRef: r, Step: "open_jit", Error: err.Error()})
+				_ = a.Append(ctx, events.AttemptFailed{AttemptRef: r, Step: "open_jit", Error: err.Error(), Culprit: events.CulpritBerth})
 			})
 			return
 		}

@@ -51,6 +51,11 @@ type Params struct {
 	// AbandonedCap: a host with this many abandoned VMs is cordoned until a
 	// late stop brings it below (default 2: a macOS host's whole capacity).
 	AbandonedCap int
+	// DegradeAfter placement failures in a row charged to a host (its
+	// machine, image or backend) within DegradeWindow mark it degraded
+	// (health.go; 0: DefaultDegradeAfter, DefaultDegradeWindow).
+	DegradeAfter  int
+	DegradeWindow time.Duration
 }
 
 // By marks the facts the watchdog appends on its own authority, so that it
@@ -66,6 +71,8 @@ type Plan struct {
 	Lost     []events.HostLost
 	Cordon   []events.HostCordoned
 	Uncordon []events.HostUncordoned
+	Degrade  []events.HostDegraded
+	Recover  []events.HostRecovered
 	Demand   []events.DemandWaiting
 	Raise    []events.AlarmRaised
 	Clear    []events.AlarmCleared
@@ -98,6 +105,14 @@ func (plan Plan) Steps() events.Plan {
 	}
 	for _, p := range plan.Uncordon {
 		out.Add(events.Step{Fact: p, Key: "cordon/" + p.Host, Level: slog.LevelInfo, Msg: "lifting cordon",
+			Attrs: []any{"host", p.Host, "reason", p.Reason}})
+	}
+	for _, p := range plan.Degrade {
+		out.Add(events.Step{Fact: p, Key: "degraded/" + p.Host, Level: slog.LevelError, Msg: "host degraded",
+			Attrs: []any{"host", p.Host, "culprit", p.Culprit, "failures", p.Failures, "reason", p.Reason}})
+	}
+	for _, p := range plan.Recover {
+		out.Add(events.Step{Fact: p, Key: "degraded/" + p.Host, Level: slog.LevelInfo, Msg: "host recovered",
 			Attrs: []any{"host", p.Host, "reason", p.Reason}})
 	}
 	for _, p := range plan.Demand {
@@ -140,7 +155,9 @@ func Decide(f *events.Fleet, now time.Time, seen map[string]time.Time, p Params)
 			continue
 		}
 		plan.abandonedCap(h, now, p.AbandonedCap)
+		plan.hostHealth(f, h, now, p)
 	}
+	plan.gitHubAlarm(f, now)
 	// The live index: a terminal attempt (no slot, no VM) has no deadline
 	// left, and walking the ones the fold keeps for the retention made
 	// Decide's cost grow with history.
@@ -304,7 +321,8 @@ func ForgedAlarm(f *events.Fleet, now time.Time, r Refusal) []events.AlarmRaised
 }
 
 func (p *Plan) release(a *events.Attempt, reason string) {
-	p.Release = append(p.Release, events.SlotReleased{Pool: a.Pool, Host: a.Host, Attempt: a.ID, Reason: reason, JobID: a.JobID})
+	p.Release = append(p.Release, events.SlotReleased{Pool: a.Pool, Host: a.Host, Attempt: a.ID, Reason: reason, JobID: a.JobID,
+		Culprit: culprit(a, reason)})
 	if a.Placed && !a.TeardownReq {
 		p.Teardown = append(p.Teardown, events.AttemptTeardownRequested{
 			AttemptRef: events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}, Reason: reason})

@@ -122,6 +122,7 @@ func TestProvisioningDeadlineReleasesThenTearsDown(t *testing.T) {
 	}
 	plan := l.decide(pt+2*time.Second, nil)
 	wantR := []events.SlotReleased{*release(1, "h-a", events.ReleaseProvisionTimeout)}
+	wantR[0].Culprit = events.CulpritHost // placed, no runner in time: its host's (law 11)
 	wantT := []events.AttemptTeardownRequested{{AttemptRef: aref(1, "h-a"), Reason: events.ReleaseProvisionTimeout}}
 	if !reflect.DeepEqual(plan.Release, wantR) || !reflect.DeepEqual(plan.Teardown, wantT) {
 		t.Fatalf("past the deadline: release %+v teardown %+v, want %+v then %+v", plan.Release, plan.Teardown, wantR, wantT)

@@ -181,3 +181,47 @@ func loadLimitFixtures(dir string, fx *fixtures) error {
 	fx.primaryLimit, fx.secondaryLimit = primary.Body, body.Message
 	return nil
 }
+
+// Unauthorized makes every call to route (a Route* name, e.g.
+// RouteJITConfigOrg or RouteInstallationToken) answer 401 "Bad
+// credentials" for the next d, as GitHub does while it refuses an App's
+// credentials (a revoked or rotated key, a suspended installation). The
+// route's APICalls count includes the refused calls.
+func (s *Sim) Unauthorized(route string, d time.Duration) {
+	s.refuse(route, http.StatusUnauthorized, "Bad credentials", d)
+}
+
+// NotFound makes every call to route answer 404 "Not Found" for the next
+// d, as GitHub does for a repository or organization the App cannot see.
+func (s *Sim) NotFound(route string, d time.Duration) {
+	s.refuse(route, http.StatusNotFound, "Not Found", d)
+}
+
+type refusal struct {
+	until   time.Time
+	status  int
+	message string
+}
+
+func (s *Sim) refuse(route string, status int, message string, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.unauthorized == nil {
+		s.unauthorized = map[string]refusal{}
+	}
+	s.unauthorized[route] = refusal{time.Now().Add(d), status, message}
+}
+
+// refused answers the call as Unauthorized or NotFound made the route
+// refuse, if one is due.
+func (s *Sim) refused(route string, w http.ResponseWriter) bool {
+	s.mu.Lock()
+	r, ok := s.unauthorized[route]
+	s.mu.Unlock()
+	if !ok || !time.Now().Before(r.until) {
+		return false
+	}
+	writeError(w, r.status, r.message, docsURL)
+	s.log.Info("refused", "route", route, "status", r.status)
+	return true
+}

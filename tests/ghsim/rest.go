@@ -100,7 +100,7 @@ func (s *Sim) counted(name string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.count(name)
 		s.rateHeaders(w)
-		if s.limited(name, w) {
+		if s.limited(name, w) || s.refused(name, w) {
 			return
 		}
 		h.ServeHTTP(w, r)

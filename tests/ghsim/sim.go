@@ -109,6 +109,9 @@ type Sim struct {
 	timeOut    func(DeliveryView) bool // deliveries sent but recorded as timed out (TimeOutDeliveries)
 	loseJIT    func(name string) bool  // JIT answers to lose after registering (LoseJITAnswers)
 	limits     map[string]*rateLimit   // route → rate-limit answers due (RateLimit)
+
+	// route → refuse until then (Unauthorized, NotFound)
+	unauthorized map[string]refusal
 }
 
 // New loads and parses the fixtures once and starts the webhook sender goroutine.

@@ -1,0 +1,117 @@
+package watchdog
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+)
+
+// Defaults of the degradation rule (law 11): this many placement failures
+// in a row charged to a host, its image or its backend, within the window,
+// mark the host degraded.
+const (
+	DefaultDegradeAfter  = 3
+	DefaultDegradeWindow = 15 * time.Minute
+)
+
+// hostHealth marks a host degraded after DegradeAfter failures in a row
+// charged to it (its machine, image or backend) within DegradeWindow, and
+// lifts the mark once a probe placement proves it (a create that returned;
+// for an image, a runner that ran a job). Each degradation raises one alarm
+// per pool the host offers, cleared with it.
+func (p *Plan) hostHealth(f *events.Fleet, h *events.Host, now time.Time, par Params) {
+	after, window := par.DegradeAfter, par.DegradeWindow
+	if after <= 0 {
+		after = DefaultDegradeAfter
+	}
+	if window <= 0 {
+		window = DefaultDegradeWindow
+	}
+	hh := &h.Health
+	degraded, culprit, reason := hh.Degraded && !hh.Proven(), hh.Culprit, hh.Reason
+	switch {
+	case hh.Degraded && hh.Proven():
+		p.Recover = append(p.Recover, events.HostRecovered{HostChange: events.HostChange{Host: h.Name, At: now, By: By,
+			Reason: "a probe placement succeeded after the host was degraded for " + hh.Culprit + " failures"}})
+	case !hh.Degraded:
+		n, c, _ := hh.Streak(now.Add(-window))
+		if n < after {
+			break
+		}
+		last := hh.Failures[len(hh.Failures)-1]
+		degraded, culprit = true, c
+		reason = fmt.Sprintf("%d placements in a row failed, charged to the %s (last: %s, %s); the jobs keep their attempts; "+
+			"placements go to healthy hosts and one probe at a time comes back here after a back-off; %s",
+			n, c, last.Attempt, last.Reason, advice(c))
+		p.Degrade = append(p.Degrade, events.HostDegraded{HostChange: events.HostChange{Host: h.Name, At: now, By: By,
+			Reason: reason}, Culprit: c, Failures: n})
+	}
+	p.degradedAlarms(f, h, now, degraded, fmt.Sprintf("host %s is degraded (%s): %s", h.Name, culprit, reason))
+}
+
+// advice says what an operator checks for a culprit.
+func advice(culprit string) string {
+	switch culprit {
+	case events.CulpritImage:
+		return "the runners start and never take a job: check the image's runner version (GitHub refuses runners older than 30 days) and its network"
+	case events.CulpritBackend:
+		return "the backend reported the fault as its own: check its service (capacity, API answers)"
+	}
+	return "check the host's backend create step and the agent's log"
+}
+
+// degradedAlarms raises, for a degraded host, one alarm per pool it offers,
+// and clears them when the host is healthy again.
+func (p *Plan) degradedAlarms(f *events.Fleet, h *events.Host, now time.Time, degraded bool, msg string) {
+	pools := make([]string, 0, len(h.Pools))
+	for pool := range h.Pools {
+		pools = append(pools, pool)
+	}
+	sort.Strings(pools)
+	for _, pool := range pools {
+		key := events.AlarmHostDegraded + "/" + pool + "/" + h.Name
+		al := f.Alarms[key]
+		switch active := al != nil && al.Active; {
+		case degraded && !active:
+			p.Raise = append(p.Raise, events.AlarmRaised{Key: key, Kind: events.AlarmHostDegraded, Pool: pool, At: now, Message: msg})
+		case !degraded && active:
+			p.Clear = append(p.Clear, events.AlarmCleared{Key: key, Pool: pool, At: now})
+		}
+	}
+}
+
+// gitHubAlarm raises a fleet alarm while GitHub's last word was a refusal
+// of the App's own credentials, and clears it once a placement came after.
+func (p *Plan) gitHubAlarm(f *events.Fleet, now time.Time) {
+	key := events.AlarmGitHubRefused + "/fleet"
+	al := f.Alarms[key]
+	active := al != nil && al.Active
+	switch refusing := f.GitHub.Refusing(); {
+	case refusing && !active:
+		p.Raise = append(p.Raise, events.AlarmRaised{Key: key, Kind: events.AlarmGitHubRefused, Pool: "fleet", At: now,
+			Message: "GitHub refused the App's own credentials (401, or 403 not for rate) since " +
+				f.GitHub.Refused.At.Format(time.RFC3339) + ": JIT-config calls pause with a back-off and every job waits as demand " +
+				"(none loses an attempt); check the App's private key, its installation and its permissions; the alarm clears at the next placement"})
+	case !refusing && active:
+		p.Clear = append(p.Clear, events.AlarmCleared{Key: key, Pool: "fleet", At: now})
+	}
+}
+
+// culprit is who a release the watchdog decides is charged to (law 11): a
+// runner that started and never took a job, its image; a booking that got
+// its JIT config and no runner in time, its host; one that never got a JIT
+// config, GitHub (its answer never came in time); a lost host or a job
+// past its maximum duration, no placement failure ("").
+func culprit(a *events.Attempt, reason string) string {
+	switch {
+	case reason == events.ReleaseRegistration:
+		return events.CulpritImage
+	case reason == events.ReleaseProvisionTimeout && !a.Placed && !a.Warm:
+		return events.CulpritGitHub
+	case reason == events.ReleaseProvisionTimeout:
+		return events.CulpritHost
+	}
+	return ""
+}

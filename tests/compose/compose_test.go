@@ -182,7 +182,7 @@ func TestComposeConfig(t *testing.T) {
 		}
 	}
 	slices.Sort(defaults)
-	if want := []string{"agent", "dispatcher", "nats", "watchdog"}; !slices.Equal(defaults, want) {
+	if want := []string{"agent", "dispatcher", "nats", "stream-apply", "watchdog"}; !slices.Equal(defaults, want) {
 		t.Errorf("services without a profile (the default stack): %v, want %v", defaults, want)
 	}
 	for svc, want := range map[string][]string{

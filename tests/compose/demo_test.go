@@ -79,7 +79,7 @@ func TestComposeDemoServesJobs(t *testing.T) {
 	}
 	running := strings.Fields(string(out))
 	slices.Sort(running)
-	if want := []string{"agent", "dispatcher", "nats", "sim", "watchdog"}; !slices.Equal(running, want) {
+	if want := []string{"agent", "dispatcher", "nats", "sim", "stream-apply", "watchdog"}; !slices.Equal(running, want) {
 		t.Fatalf("containers made: %v, want %v (the default stack and the demo profile, not the ha one)", running, want)
 	}
 

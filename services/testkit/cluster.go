@@ -34,7 +34,7 @@ func Cluster(t testing.TB, n int) ([]*server.Server, string) {
 	routePorts := make([]int, n)
 	var routes []*url.URL
 	for i := range routePorts {
-		routePorts[i] = freePort(t)
+		routePorts[i] = FreePort(t)
 		routes = append(routes, &url.URL{Scheme: "nats", Host: fmt.Sprintf("127.0.0.1:%d", routePorts[i])})
 	}
 	var servers []*server.Server
@@ -48,7 +48,7 @@ func Cluster(t testing.TB, n int) ([]*server.Server, string) {
 		if opts.Cluster.Name != "berth" || !opts.JetStream || len(opts.Routes) != n {
 			t.Fatalf("%s: cluster %q, jetstream %v, %d routes", file, opts.Cluster.Name, opts.JetStream, len(opts.Routes))
 		}
-		opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", freePort(t), 0
+		opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", FreePort(t), 0
 		opts.Cluster.Host, opts.Cluster.Port, opts.Routes = "127.0.0.1", routePorts[i], routes
 		opts.StoreDir, opts.NoLog, opts.NoSigs = t.TempDir(), true, true
 		s, err := server.NewServer(opts)
@@ -64,15 +64,16 @@ func Cluster(t testing.TB, n int) ([]*server.Server, string) {
 		urls = append(urls, s.ClientURL())
 	}
 	for i, u := range urls {
-		EventuallyErr(t, 30*time.Second, fmt.Sprintf("JetStream through node %d", i+1), func() error { return jsReady(u) })
+		EventuallyErr(t, 30*time.Second, fmt.Sprintf("JetStream through node %d", i+1), func() error { return JetStreamReady(u) })
 	}
 	return servers, strings.Join(urls, ",")
 }
 
-// jsReady asks for the account's JetStream info through url: it answers
-// once the cluster has a meta leader.
-func jsReady(url string) error {
-	nc, err := nats.Connect(url, nats.Timeout(time.Second))
+// JetStreamReady asks for the account's JetStream info through url (with
+// the client options opts): nil once the server, or the cluster's meta
+// leader, answers.
+func JetStreamReady(url string, opts ...nats.Option) error {
+	nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(time.Second)}, opts...)...)
 	if err != nil {
 		return err
 	}
@@ -87,8 +88,8 @@ func jsReady(url string) error {
 	return err
 }
 
-// freePort returns a loopback port that was free a moment ago.
-func freePort(t testing.TB) int {
+// FreePort returns a loopback port that was free a moment ago.
+func FreePort(t testing.TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

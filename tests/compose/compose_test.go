@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -337,17 +336,6 @@ func (s *stack) downAtCleanup(t *testing.T, how string) {
 	})
 }
 
-// freePort returns a loopback port nothing listens on now.
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // lineLog writes a command's output to the test log line by line.
 type lineLog struct {
 	t      testing.TB
@@ -487,7 +475,7 @@ func TestHAProfileSurvivesTheStreamLeadersDeath(t *testing.T) {
 	ports := map[string]int{}
 	env := []string{"BERTH_WEBHOOK_SECRET=compose-test"}
 	for _, svc := range slices.Concat(haNATS, haDispatchers, haWatchdogs) {
-		ports[svc] = freePort(t)
+		ports[svc] = testkit.FreePort(t)
 		env = append(env, fmt.Sprintf("%s=%d", haPortVar(svc), ports[svc]))
 	}
 	s.env = composeEnv(env...)

@@ -60,7 +60,7 @@ func TestComposeDemoServesJobs(t *testing.T) {
 	ports := map[string]int{}
 	env := []string{"BERTH_WEBHOOK_SECRET=compose-demo", fmt.Sprintf("BERTH_DEMO_JOBS=%d", jobs), "BERTH_FIXTURES=" + fixtures}
 	for _, v := range []string{"BERTH_NATS_PORT", "BERTH_NATS_MONITOR_PORT", "BERTH_DISPATCHER_PORT", "BERTH_WATCHDOG_PORT", "BERTH_AGENT_PORT", "BERTH_SIM_PORT"} {
-		ports[v] = freePort(t)
+		ports[v] = testkit.FreePort(t)
 		env = append(env, fmt.Sprintf("%s=%d", v, ports[v]))
 	}
 	s.env = composeEnv(env...)

@@ -1,8 +1,8 @@
 package procs
 
 import (
-	"context"
 	"fmt"
+	"github.com/berth-ci/berth/services/testkit"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -14,7 +14,6 @@ import (
 
 	"github.com/berth-ci/berth/services/natsauth"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // NATS is a nats-server process, or a cluster of them, each with its own
@@ -85,7 +84,7 @@ func (n *NATS) AwaitJetStream(t testing.TB, i int, within time.Duration) {
 	deadline := time.Now().Add(within)
 	var last error
 	for time.Now().Before(deadline) {
-		if last = jsReady(n.URLs[i], n.ClientOpts); last == nil {
+		if last = testkit.JetStreamReady(n.URLs[i], n.ClientOpts...); last == nil {
 			return
 		}
 		if !n.Nodes[i].Running() {
@@ -94,22 +93,6 @@ func (n *NATS) AwaitJetStream(t testing.TB, i int, within time.Duration) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatalf("%s: JetStream not ready within %s: %v\n%s", n.Nodes[i].Name, within, last, tail(n.Nodes[i].Log, 30))
-}
-
-func jsReady(url string, opts []nats.Option) error {
-	nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(time.Second)}, opts...)...)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	_, err = js.AccountInfo(ctx)
-	return err
 }
 
 var (

@@ -98,6 +98,8 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, bucket string, repl
 		kv, err = js.CreateKeyValue(ctx, BucketConfig(bucket, replicas))
 		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			kv, err = js.KeyValue(ctx, bucket) // another service made it first
+		} else if err == nil {
+			_, err = hardenBucket(ctx, js, bucket)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("KV bucket %s is missing and this credential may not create it (%w): run `berth stream apply` with the admin credential", bucket, err)
@@ -140,6 +142,13 @@ func Apply(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) ([]str
 		if err != nil {
 			return out, err
 		}
+		hardened, err := hardenBucket(ctx, js, bc.Bucket)
+		if err != nil {
+			return out, err
+		}
+		if hardened {
+			line += "; rollups and purges denied"
+		}
 		out = append(out, line)
 	}
 	return out, nil
@@ -175,6 +184,27 @@ func applyBucket(ctx context.Context, js jetstream.JetStream, bc jetstream.KeyVa
 		return "", fmt.Errorf("update KV bucket %s: %w", bc.Bucket, err)
 	}
 	return name + "updated: " + joinWas(drift), nil
+}
+
+// hardenBucket denies rollups and purges on a bucket's stream. A KV bucket
+// allows both by default, and a `Nats-Rollup: all` header on a put to a key
+// a credential may write purges every other key in the bucket: an agent
+// wiped all heartbeats, snapshots and parking records that way. Berth's
+// puts need neither (a key is overwritten, a snapshot part deleted).
+func hardenBucket(ctx context.Context, js jetstream.JetStream, bucket string) (bool, error) {
+	s, err := js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		return false, err
+	}
+	cfg := s.CachedInfo().Config
+	if !cfg.AllowRollup && cfg.DenyPurge {
+		return false, nil
+	}
+	cfg.AllowRollup, cfg.DenyPurge = false, true
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return false, fmt.Errorf("deny rollups and purges on KV bucket %s: %w", bucket, err)
+	}
+	return true, nil
 }
 
 // joinWas turns drift lines ("x A, want B") into "x A → B; …".

@@ -10,6 +10,8 @@ import (
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/testkit"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Given no stream, when the admin applies the config, then the stream and
@@ -52,4 +54,42 @@ func TestOnlyApplyChangesTheStreamAndVerifyReportsDrift(t *testing.T) {
 		lines[0] != "stream "+events.StreamName+": updated: max_age 720h0m0s → 24h0m0s" {
 		t.Fatalf("apply of 24h: %v %q", err, lines)
 	}
+}
+
+// Given the buckets as `berth stream apply` makes them, when a credential
+// puts its own key with a `Nats-Rollup: all` header (what an agent may
+// publish on its heartbeat key), then the server refuses it and every
+// other key stays: a rollup would purge the whole bucket, other hosts'
+// heartbeats, every snapshot and every parking record (issue 16).
+func TestABucketCannotBeRolledUpThroughOnesOwnKey(t *testing.T) {
+	_, js, nc := testkit.NATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := eventlog.Apply(ctx, js, eventlog.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, events.BucketHeartbeats)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "host-b", []byte(`{"host":"host-b"}`)); err != nil {
+		t.Fatal(err)
+	}
+	msg := nats.NewMsg("$KV." + events.BucketHeartbeats + ".host-a")
+	msg.Data = []byte(`{"host":"host-a"}`)
+	msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupAll)
+	if _, err := js.PublishMsg(ctx, msg); err == nil {
+		t.Fatal("a rollup through one's own key was stored")
+	}
+	if _, err := kv.Get(ctx, "host-b"); err != nil {
+		t.Fatalf("host-b's heartbeat after the rollup attempt: %v", err)
+	}
+	st, err := js.Stream(ctx, "KV_"+events.BucketHeartbeats)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Purge(ctx); err == nil {
+		t.Fatal("the heartbeat bucket's stream was purged")
+	}
+	_ = nc
 }

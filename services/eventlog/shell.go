@@ -101,6 +101,12 @@ func (s *Shell) Apply(d Delivered) {
 			s.refuse(d, err)
 			return
 		}
+	} else if errors.Is(d.Err, events.ErrMalformed) {
+		// Bytes that are no Berth envelope were written by a credential
+		// that can publish there: not a newer version to skip quietly, a
+		// misuse to count, park and alarm on like a forged fact.
+		s.refuse(d, fmt.Errorf("%w: %v", events.ErrForged, d.Err))
+		return
 	}
 	if d.Err != nil {
 		if s.Skipped != nil {

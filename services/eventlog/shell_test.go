@@ -144,3 +144,24 @@ func TestAForgedFactIsRefusedParkedAndNeverFolded(t *testing.T) {
 		return err
 	})
 }
+
+// Given bytes that are no Berth envelope stored on a subject a credential
+// may write, when the shell reads them, then they are refused like a forged
+// fact (counted, told to the Refused hook, parked) rather than skipped in
+// silence: junk on one's own subject is how a misused credential probes.
+// An unknown type (a newer version) is still only skipped.
+func TestMalformedBytesAreRefusedUnknownTypesSkipped(t *testing.T) {
+	s, _, _ := shellOn(t)
+	var told int
+	s.Refused = func(events.Event, error) { told++ }
+	_, malformed := events.Unmarshal([]byte("owned-by-agent-host-a"), 1)
+	s.Apply(eventlog.Delivered{Event: events.Event{Seq: 1, Subject: "berth.evt.host.host-a.agent"}, Err: malformed})
+	_, unknown := events.Unmarshal([]byte(`{"specversion":"1.0","id":"x","type":"berth.host.online.v9","subject":"s","data":{}}`), 2)
+	s.Apply(eventlog.Delivered{Event: events.Event{Seq: 2, Subject: "berth.evt.host.host-a.agent"}, Err: unknown})
+	if s.RefusedTotal() != 1 || told != 1 {
+		t.Fatalf("refused %d, told %d; want the malformed bytes refused, the unknown type skipped", s.RefusedTotal(), told)
+	}
+	if s.Fold.LastSeq != 2 || s.Fold.Skipped != 2 {
+		t.Fatalf("fold at seq %d with %d skipped, want 2 and 2", s.Fold.LastSeq, s.Fold.Skipped)
+	}
+}

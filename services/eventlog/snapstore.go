@@ -144,7 +144,7 @@ func deleteParts(ctx context.Context, kv jetstream.KeyValue, key string, m *mani
 		return nil
 	}
 	for i := range m.Parts {
-		if err := kv.Purge(ctx, events.SnapshotPartKey(key, m.Gen, i)); err != nil {
+		if err := kv.Delete(ctx, events.SnapshotPartKey(key, m.Gen, i)); err != nil {
 			return fmt.Errorf("removing part %d of an older snapshot: %w", i, err)
 		}
 	}

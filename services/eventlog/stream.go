@@ -191,7 +191,7 @@ func (a *Appender) Append(ctx context.Context, ev events.Event, expectSeq *uint6
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	opts := []jetstream.PublishOpt{jetstream.WithMsgID(ev.ID), jetstream.WithExpectStream(events.StreamName)}
+	opts := []jetstream.PublishOpt{jetstream.WithMsgID(MsgID(ev)), jetstream.WithExpectStream(events.StreamName)}
 	if expectSeq != nil {
 		opts = append(opts, jetstream.WithExpectLastSequencePerSubject(*expectSeq))
 	}
@@ -218,6 +218,14 @@ func (a *Appender) Append(ctx context.Context, ev events.Event, expectSeq *uint6
 	}
 	return ack.Sequence, ack.Duplicate, nil
 }
+
+// MsgID is the Nats-Msg-Id a fact is stored under: its id, scoped to the
+// subject it is stored on. The server deduplicates by this id across the
+// whole stream, so an unscoped id let any credential squat another role's
+// future fact ids (attempt ids are predictable) from a subject of its own,
+// and the real fact was then answered "duplicate" and never stored. Scoped,
+// a duplicate can only be the same author's retry on the same aggregate.
+func MsgID(ev events.Event) string { return ev.Subject + "|" + ev.ID }
 
 // wrongLastSeq reports whether err is the server refusing an expected
 // last sequence.

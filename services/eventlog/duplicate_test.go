@@ -53,8 +53,8 @@ func TestADuplicateAnswerIsReadBackAndATakenIdIsAppendedAgainUnderAFreshOne(t *t
 	cases := []struct {
 		name      string
 		taker     func(at eventlog.Appender) events.Event // stored under ours' id before the shell appends
-		mismatch  bool // the server answers duplicate and the stored fact is another
-		wantFacts int  // releases of berth-1-1 in the log, the taker's included
+		mismatch  bool                                    // the server answers duplicate and the stored fact is another
+		wantFacts int                                     // releases of berth-1-1 in the log, the taker's included
 	}{
 		{"a forged release on a subject that does not confirm it", func(at eventlog.Appender) events.Event {
 			e := events.NewBy("berth/vmagent/h", events.RoleAgent, clock.Real.Now(),

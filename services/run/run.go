@@ -369,7 +369,13 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 		nc.Close()
 		return nil, "", err
 	}
-	trustOwnKey(ctx, js, d.SealingKey(), logger)
+	if authConfigured(cfg) {
+		// Only the admin may write berth_trust: say what it must run.
+		logger.Info("sealing key: agents open this dispatcher's placements once the admin trusts it",
+			"key", d.SealingKey(), "admin", "berth --nats-nkey admin.nk trust add "+d.SealingKey())
+	} else {
+		trustOwnKey(ctx, js, d.SealingKey(), logger)
+	}
 	secret := config.Secret(dc.WebhookSecret, dc.WebhookSecretEnv)
 	if secret == "" {
 		nc.Close()

@@ -119,6 +119,11 @@ func loadConfig(path string) (*config.Config, error) {
 	if err != nil {
 		return nil, usageError{err}
 	}
+	if c.NATS.NKeyFile == "" && c.NATS.CredsFile == "" && run.ClientNKey != "" {
+		// --nats-nkey (BERTH_NATS_NKEY) serves the services as it serves the
+		// tools, where the config names no credential of its own.
+		c.NATS.NKeyFile = run.ClientNKey
+	}
 	return c, nil
 }
 
@@ -546,7 +551,8 @@ func natsAuthCmd() *cobra.Command {
 			"only admin (keep it with the operators) creates and updates the stream: berth stream apply.\n" +
 			"Running it again makes new keys (rotation): restart NATS and the services after.",
 		Example: `  berth nats-auth --hosts mac-mini-01,linux-01 --out /etc/nats/berth
-  # nats-server.conf: include /etc/nats/berth/auth.conf
+  # auth.conf beside nats-server.conf (nats-server reads include paths relative to its
+  # config file), and in nats-server.conf: include auth.conf
   # each service's config: nats: {nkey_file: /etc/berth/dispatcher.nk}
   nats --nkey /etc/nats/berth/sys.nk server report jetstream`,
 		Args: exactArgs(0),
@@ -566,10 +572,12 @@ func natsAuthCmd() *cobra.Command {
 			for _, f := range files {
 				fmt.Fprintln(w, "wrote", f)
 			}
-			fmt.Fprintf(w, "next: add `include %s` to nats-server.conf and restart it; run\n"+
-				"berth --nats-nkey %s stream apply --config berth.yaml; give each service its\n"+
-				"seed as nats.nkey_file (agents: agent-HOST.nk); tools: berth --nats-nkey %s status\n",
-				filepath.Join(out, "auth.conf"), filepath.Join(out, "admin.nk"), filepath.Join(out, "cli.nk"))
+			fmt.Fprintf(w, "next: put %s beside nats-server.conf and add `include auth.conf` to it (nats-server\n"+
+				"reads include paths relative to its config file), restart it; run\n"+
+				"berth --nats-nkey %s stream apply --config berth.yaml, then\n"+
+				"berth --nats-nkey %s trust add $(berth dispatcher key --config berth.yaml);\n"+
+				"give each service its seed as nats.nkey_file (agents: agent-HOST.nk); tools: berth --nats-nkey %s status\n",
+				filepath.Join(out, "auth.conf"), filepath.Join(out, "admin.nk"), filepath.Join(out, "admin.nk"), filepath.Join(out, "cli.nk"))
 			return nil
 		},
 	}

@@ -27,7 +27,7 @@ func trustCmd(natsURL *string) *cobra.Command {
 			"see it within seconds and open JIT configs sealed by it. To distrust a key:\n" +
 			"nats kv del berth_trust dispatcher.KEY",
 		Args:    exactArgs(1),
-		Example: "  berth trust add XAB3…  --name dispatcher-eu-1 --nats nats://… (with the admin's creds)",
+		Example: "  berth --nats-nkey admin.nk trust add $(berth dispatcher key --config berth.yaml) --name dispatcher-eu-1",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !nkeys.IsValidPublicCurveKey(args[0]) {
 				return usageError{fmt.Errorf("%q is not a curve public key (X…): copy the key the dispatcher logs as \"sealing key\"", args[0])}
@@ -40,7 +40,7 @@ func trustCmd(natsURL *string) *cobra.Command {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 			defer cancel()
 			if err := trust.AddDispatcher(ctx, js, args[0], name); err != nil {
-				return fmt.Errorf("trust %s: %w (this needs the admin's credentials: --nats-creds or BERTH_NATS_CREDS)", args[0], err)
+				return fmt.Errorf("trust %s: %w (only the admin may write berth_trust: berth --nats-nkey admin.nk trust add KEY)", args[0], err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "trusted %s (%s): agents open placements it seals\n", args[0], name)
 			return nil

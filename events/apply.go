@@ -155,13 +155,22 @@ func (f *Fleet) Apply(e Event) {
 		}
 		f.hostState(h, e, HostStateOnline)
 	case *HostDraining:
-		f.hostState(f.host(d.Host), e, HostStateDraining)
+		h := f.host(d.Host)
+		if f.hostState(h, e, HostStateDraining) {
+			h.DrainedBy = AuthorOf(e.Subject)
+		}
 	case *HostLost:
 		f.hostState(f.host(d.Host), e, HostStateLost)
 	case *HostCordoned:
 		f.cordon(d.HostChange, e, true)
 	case *HostUncordoned:
 		f.cordon(d.HostChange, e, false)
+		// An operator's uncordon also ends an operator's drain: the way
+		// back from `berth drain` (an agent's own drain ends when it
+		// restarts and announces itself again).
+		if h := f.host(d.Host); AuthorOf(e.Subject) == RoleCLI && h.State == HostStateDraining && h.DrainedBy == RoleCLI {
+			f.hostState(h, e, HostStateOnline)
+		}
 	case *HostDegraded:
 		f.degraded(d.HostChange, e, d.Culprit)
 	case *HostRecovered:
@@ -279,10 +288,14 @@ func (f *Fleet) attemptFlag(r AttemptRef, at time.Time, set func(*Attempt)) {
 	f.touch(a, at, func() { set(a) })
 }
 
-func (f *Fleet) hostState(h *Host, e Event, st HostState) {
+// hostState sets h's state from e unless a later fact set it; it reports
+// whether it did.
+func (f *Fleet) hostState(h *Host, e Event, st HostState) bool {
 	if s := stampOf(e); s.after(h.state) {
 		h.state, h.State, h.StateAt = s, st, e.Time
+		return true
 	}
+	return false
 }
 
 func (f *Fleet) cordon(c HostChange, e Event, on bool) {

@@ -137,3 +137,13 @@ func Authorize(e Event) (Role, error) {
 	}
 	return "", fmt.Errorf("%w: %s written as %q, which may not write it (allowed: %v)", ErrForged, typ, token, allowed)
 }
+
+// AuthorOf is the role a stored subject names as its fact's author: its
+// last token on an aggregate several roles write, "" elsewhere (a single
+// author's subject names none; Authors gives it).
+func AuthorOf(subject string) Role {
+	if i := strings.LastIndexByte(subject, '.'); i > 0 && multiAuthor(subject[:i]) {
+		return Role(subject[i+1:])
+	}
+	return ""
+}

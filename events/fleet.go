@@ -78,14 +78,18 @@ const (
 
 // Host is the fold of one host's facts plus the attempts placed on it.
 type Host struct {
-	Name         string
-	Boot         string
-	Pools        map[string]PoolSlots
-	PhysicalCap  int
-	CurveKey     string
-	Backend      string
-	State        HostState
-	StateAt      time.Time // event time of the fact that set State
+	Name        string
+	Boot        string
+	Pools       map[string]PoolSlots
+	PhysicalCap int
+	CurveKey    string
+	Backend     string
+	State       HostState
+	StateAt     time.Time // event time of the fact that set State
+	// DrainedBy is who began the drain State says (from the fact's
+	// subject): an operator's (cli) drain ends with an operator's
+	// uncordon; an agent's own (SIGTERM) ends when it announces again.
+	DrainedBy    Role
 	Cordoned     bool
 	CordonReason string
 	CordonBy     string // who cordoned: an operator, or "watchdog" for the abandoned-VM cap

@@ -51,6 +51,13 @@ func TestOperatorHostActionsAreFacts(t *testing.T) {
 	if h := host(); h.State != events.HostStateDraining {
 		t.Fatalf("state %s after drain", h.State)
 	}
+	// The way back from `berth drain`: an operator's uncordon.
+	if _, err := cli.HostAction(ctx, js, "uncordon", "mac-1", ""); err != nil {
+		t.Fatal(err)
+	}
+	if h := host(); h.State != events.HostStateOnline || !h.Accepts() {
+		t.Fatalf("state %s (accepts %v) after uncordon of an operator's drain, want online", h.State, h.Accepts())
+	}
 	if _, err := cli.HostAction(ctx, js, "cordon", "nope", ""); err == nil || !strings.Contains(err.Error(), "mac-1") {
 		t.Fatalf("unknown host: %v", err)
 	}

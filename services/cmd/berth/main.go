@@ -99,7 +99,7 @@ func root() *cobra.Command {
 		statusCmd(&natsURL), eventsCmd(&natsURL), replayCmd(&natsURL),
 		hostActionCmd(&natsURL, "cordon", "Stop placing new jobs on a host (running jobs go on)"),
 		hostActionCmd(&natsURL, "uncordon", "Let a cordoned host take new jobs again"),
-		hostActionCmd(&natsURL, "drain", "Take a host out of service: no new jobs, idle runners are stopped, running jobs finish"),
+		hostActionCmd(&natsURL, "drain", "Take a host out of service: no new jobs, idle runners are stopped, running jobs finish (berth uncordon HOST undoes it)"),
 		hostsCmd(&natsURL), jobsCmd(&natsURL), releaseCmd(&natsURL), natsAuthCmd(), streamCmd(&natsURL))
 	return cmd
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 	_ "time/tzdata" // warm-pool schedules name time zones; scratch images have no zoneinfo
@@ -54,7 +55,7 @@ func main() {
 	var ue usageError
 	var ne natsError
 	switch {
-	case errors.As(err, &ue):
+	case errors.As(err, &ue), unknownCommand(err):
 		os.Exit(exitUsage)
 	case errors.As(err, &ne):
 		os.Exit(exitNATS)
@@ -101,8 +102,27 @@ func root() *cobra.Command {
 		hostActionCmd(&natsURL, "uncordon", "Let a cordoned host take new jobs again"),
 		hostActionCmd(&natsURL, "drain", "Take a host out of service: no new jobs, idle runners are stopped, running jobs finish (berth uncordon HOST undoes it)"),
 		hostsCmd(&natsURL), jobsCmd(&natsURL), releaseCmd(&natsURL), natsAuthCmd(), streamCmd(&natsURL))
+	strictUsage(cmd)
 	return cmd
 }
+
+// strictUsage makes every mistake in a command line a usage error (exit
+// 2): a bad flag, and positional arguments a command does not take (they
+// were accepted in silence: `berth status extra`).
+func strictUsage(cmd *cobra.Command) {
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	for _, c := range cmd.Commands() {
+		if c.Args == nil && c.Runnable() && !c.HasSubCommands() {
+			c.Args = exactArgs(0)
+		}
+		strictUsage(c)
+	}
+}
+
+// unknownCommand reports cobra's error for a subcommand it does not know:
+// cobra gives it no type, only its text ("unknown command %q for %q",
+// spf13/cobra command.go), so this is the one place Berth reads it.
+func unknownCommand(err error) bool { return strings.HasPrefix(err.Error(), "unknown command ") }
 
 // exactArgs is cobra.ExactArgs reporting a usage error (exit 2).
 func exactArgs(n int) cobra.PositionalArgs {

@@ -171,8 +171,12 @@ func (b Replayed) Note() string {
 
 // Check compares a running service's live projection (GET url/status) with
 // a fresh replay of the log up to the same sequence, and returns every
-// difference as "path: live X, replay Y".
+// difference as "path: live X, replay Y". url may be host:port (http is
+// meant), as the demo and the README print the services' addresses.
 func Check(ctx context.Context, js jetstream.JetStream, url string, progress func(done, total uint64)) ([]string, uint64, error) {
+	if !strings.Contains(url, "://") {
+		url = "http://" + url
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "/")+"/status", nil)
 	if err != nil {
 		return nil, 0, err

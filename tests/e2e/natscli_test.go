@@ -138,8 +138,9 @@ func TestOperatorReadsTheLogWithTheNatsCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeNC()
-	for _, addr := range []string{f.Sys.DispatcherAddr, f.Sys.WatchdogAddr} {
-		diffs, seq, err := cli.Check(ctx, js, "http://"+addr, nil)
+	// A URL, or the host:port the demo prints (a new user's first try).
+	for _, addr := range []string{"http://" + f.Sys.DispatcherAddr, f.Sys.WatchdogAddr} {
+		diffs, seq, err := cli.Check(ctx, js, addr, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

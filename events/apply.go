@@ -305,6 +305,11 @@ func (f *Fleet) cordon(c HostChange, e Event, on bool) {
 		h.CordonReason, h.CordonBy, h.CordonedAt = "", "", time.Time{}
 		if on {
 			h.CordonReason, h.CordonBy, h.CordonedAt = c.Reason, c.By, e.Time
+			if AuthorOf(e.Subject) != RoleWatchdog && c.By == string(RoleWatchdog) {
+				// Only the watchdog's own subject says the watchdog set it
+				// (law 10): it lifts only what it set, never an operator's.
+				h.CordonBy = string(RoleCLI) + " (claimed watchdog)"
+			}
 		}
 	}
 }

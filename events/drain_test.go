@@ -49,3 +49,24 @@ func TestAnOperatorsUncordonEndsAnOperatorsDrain(t *testing.T) {
 		})
 	}
 }
+
+// Given a cordon stored under the cli's token whose payload claims the
+// watchdog set it, when it is folded, then the fold does not say the
+// watchdog cordoned the host: only the watchdog's own subject confirms
+// that, and the watchdog lifts only what it set (law 10).
+func TestACordonIsTheWatchdogsOnlyOnItsSubject(t *testing.T) {
+	at := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	claim := events.HostChange{Host: "h", At: at, By: string(events.RoleWatchdog), Reason: "abandoned VMs"}
+	for _, tc := range []struct {
+		author events.Role
+		want   bool
+	}{{events.RoleWatchdog, true}, {events.RoleCLI, false}} {
+		f := events.NewFleet()
+		e := events.NewBy("x", tc.author, at, &events.HostCordoned{HostChange: claim})
+		e.Seq = 1
+		f.Apply(e)
+		if got := f.Hosts["h"].CordonBy == string(events.RoleWatchdog); got != tc.want {
+			t.Errorf("cordon stored by %s: watchdog's = %v, want %v", tc.author, got, tc.want)
+		}
+	}
+}

@@ -151,6 +151,7 @@ func New(loop *eventlog.Loop, app *eventlog.Appender, m Minter, opts Options, me
 		events.TypeSlotReserved: {"", crashpoint.DispatcherAfterReserve},
 	}
 	d.Skipped = metrics.skipped
+	d.BeforeFold = d.observeLatency
 	d.Stored = func(st events.Step) {
 		if _, ok := st.Fact.(events.JobConflict); ok {
 			metrics.conflicts.Inc()
@@ -163,14 +164,6 @@ func New(loop *eventlog.Loop, app *eventlog.Appender, m Minter, opts Options, me
 func (d *Dispatcher) Run(ctx context.Context) error {
 	defer d.wg.Wait()
 	return d.Loop.Run(ctx, d)
-}
-
-// Apply implements eventlog.Reactor.
-func (d *Dispatcher) Apply(del eventlog.Delivered) {
-	if d.Admit(del) == nil {
-		d.observeLatency(del.Event)
-	}
-	d.Shell.Apply(del)
 }
 
 // observeLatency feeds the queue-time and time-to-runner-online histograms

@@ -70,6 +70,7 @@ type Loop struct {
 	truncated   atomic.Pointer[string]
 	parked      atomic.Uint64
 	refused     atomic.Uint64
+	parking     atomic.Int32 // parking records being stored
 	mismatched  atomic.Uint64
 	inbox       chan func()
 	once        sync.Once
@@ -316,7 +317,7 @@ func (l *Loop) apply(ctx context.Context, r Reactor, d Delivered, batch []Delive
 			d.retry(time.Duration(d.Deliveries) * 250 * time.Millisecond)
 			return batch
 		}
-		l.park(ctx, d, err)
+		l.park(d, err)
 		skip := Delivered{Event: events.Event{Seq: d.Event.Seq, Subject: d.Event.Subject, ID: d.Event.ID},
 			Err: fmt.Errorf("%w: %v", ErrPoison, err)}
 		_ = applySafely(r, skip) // moves the fold past it (a pool ledger's sequence too)

@@ -39,18 +39,12 @@ func (l *Loop) reader() string {
 
 // park records a poison fact off the loop (law 3); a record that cannot be
 // stored is still logged and counted.
-func (l *Loop) park(ctx context.Context, d Delivered, cause error) {
+func (l *Loop) park(d Delivered, cause error) {
 	p := Parked{Reader: l.reader(), Seq: d.Event.Seq, Subject: d.Event.Subject, ID: d.Event.ID,
 		Type: d.Event.Type(), Deliveries: d.Deliveries, Error: cause.Error(), At: time.Now().UTC()}
 	slog.Error("poison event parked: the fold skips it; see `nats kv get "+events.BucketParked+" "+l.parkKey(p)+"`, fix the cause, restart to fold it again",
 		"reader", p.Reader, "seq", p.Seq, "subject", p.Subject, "type", p.Type, "err", cause)
-	go func() {
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := l.storePark(pctx, p); err != nil {
-			slog.Warn("parking record not stored", "seq", p.Seq, "err", err)
-		}
-	}()
+	l.storeParkAsync(p)
 }
 
 // Refuse records a fact the shell refused (events.ErrForged: its subject
@@ -63,10 +57,26 @@ func (l *Loop) Refuse(d Delivered, cause error) {
 	slog.Error("fact refused and parked: the fold skips it; someone with write access to "+p.Subject+
 		" wrote what only another role may say; see `nats kv get "+events.BucketParked+" "+l.parkKey(p)+"` and docs/security.md",
 		"reader", p.Reader, "seq", p.Seq, "subject", p.Subject, "type", p.Type, "err", cause)
-	if l.JS == nil {
+	if l.JS != nil {
+		l.storeParkAsync(p)
+	}
+}
+
+// maxParking bounds the parking records being stored at once: refused
+// facts are an attacker's to multiply, and each store is a goroutine.
+const maxParking = 32
+
+// storeParkAsync stores a parking record off the loop (law 3), at most
+// maxParking at a time; past that the record is only logged and counted
+// (the fact stays in the log, where `berth events` shows it).
+func (l *Loop) storeParkAsync(p Parked) {
+	if l.parking.Add(1) > maxParking {
+		l.parking.Add(-1)
+		slog.Warn("parking record not stored: too many being stored at once", "seq", p.Seq, "subject", p.Subject)
 		return
 	}
 	go func() {
+		defer l.parking.Add(-1)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := l.storePark(ctx, p); err != nil {

@@ -46,6 +46,9 @@ type Shell struct {
 	// (an unknown type or version, a corrupt payload, a parked fact) or
 	// refused (events.ErrForged).
 	Skipped func(error)
+	// BeforeFold, when set, sees each admitted fact just before it is
+	// folded (the fold still as it was: what the fact changes).
+	BeforeFold func(events.Event)
 	// Refused, when set, is told of each fact refused because its subject
 	// does not confirm its payload or its author (law 10).
 	Refused func(events.Event, error)
@@ -115,6 +118,9 @@ func (s *Shell) Apply(d Delivered) {
 		s.Logger.Warn("skipping event", "seq", d.Event.Seq, "subject", d.Event.Subject, "err", d.Err)
 		s.Fold.Skip(d.Event.Seq, d.Event.Subject)
 		return
+	}
+	if s.BeforeFold != nil {
+		s.BeforeFold(d.Event)
 	}
 	s.Fold.Apply(d.Event)
 	key, ok := s.keyOf[d.Event.ID]

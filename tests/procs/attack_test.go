@@ -277,13 +277,30 @@ func forgeAll(t *testing.T, sys *System, ctx context.Context) []string {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(500 * time.Millisecond) // let the last publishes reach the stream
-	js := sys.JetStream()
-	s, err := js.Stream(ctx, events.StreamName)
+	// One more forgery, published with an ack: the stream stores what it is
+	// sent in order, so once this one is acked every forgery flushed before
+	// it is stored or was refused, and its sequence is where to read up to.
+	marker := events.NewBy("attacker", events.RoleCLI, time.Now(), &events.JobCompleted{JobRef: events.JobRef{JobID: 424242}})
+	marker.ID, marker.Subject = "forged-marker", events.HostSubject("host-a")+"."+string(events.RoleCLI)
+	b, err := events.Marshal(marker)
 	if err != nil {
 		t.Fatal(err)
 	}
-	last := s.CachedInfo().State.LastSeq
+	nc, _ := roleConn(t, sys, natsauth.RoleCLI)
+	cjs, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack, err := cjs.Publish(ctx, marker.Subject, b)
+	if err != nil {
+		t.Fatalf("the marker forgery on the cli's own subject was not stored: %v", err)
+	}
+	ids = append(ids, marker.ID)
+	last := ack.Sequence
+	s, err := sys.JetStream().Stream(ctx, events.StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{NamePrefix: "berth-cli-attack"})
 	if err != nil {
 		t.Fatal(err)

@@ -83,3 +83,23 @@ var attemptRE = regexp.MustCompile(`^berth-([0-9]+|warm-[A-Za-z0-9_-]{1,64})-[0-
 // sweep only ever touches VMs whose names have it: anything else on a host
 // is not Berth's to stop.
 func IsAttemptID(s string) bool { return attemptRE.MatchString(s) }
+
+// Consumer names on the log (StreamName). Each is exact and owned by one
+// role, so that NATS permissions can grant a role its own consumers by name
+// and nothing else (a permission's wildcard matches a whole subject token,
+// and a consumer name is one token: no prefix can be granted). The kinds
+// start with different letters after "berth-", so no host or instance name
+// makes one role's name equal another's.
+
+// ServiceConsumer is the durable consumer of a dispatcher or watchdog
+// replica: "berth-<service>-<instance>" (service "dispatcher" or
+// "watchdog"; instance a ValidName, see config's instance).
+func ServiceConsumer(service, instance string) string { return "berth-" + service + "-" + instance }
+
+// AgentConsumer is the durable consumer of host's agent, on
+// HostAttemptsFilter(host): "berth-agent-<host>".
+func AgentConsumer(host string) string { return "berth-agent-" + host }
+
+// HostWatchConsumer is the consumer with which host's agent follows its
+// host's own facts (HostFilter): "berth-hostwatch-<host>".
+func HostWatchConsumer(host string) string { return "berth-hostwatch-" + host }

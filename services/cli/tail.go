@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"sort"
 	"strings"
+	"time"
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/eventlog"
@@ -63,65 +65,62 @@ func (f Filter) Subjects() []string {
 	return []string{events.SubjectAll}
 }
 
+// followEvery is how often a following Tail asks for what was stored
+// since its last look.
+const followEvery = 250 * time.Millisecond
+
 // Tail prints the log from the start (follow: and then as it grows) in
-// human form or as one CloudEvents JSON envelope per line.
+// human form or as one CloudEvents JSON envelope per line. It reads with
+// batched direct gets (eventlog.Scan), so it needs no consumer and no right
+// to make one: the cli role holds none.
 func Tail(ctx context.Context, js jetstream.JetStream, f Filter, follow, asJSON bool, w io.Writer) error {
-	last, err := eventlog.LastSeq(ctx, js)
-	if err != nil {
-		return err
-	}
-	if !follow {
-		// A filter that matches nothing delivers nothing: count first, so
-		// the command ends instead of waiting for a first message.
-		n, err := countMatching(ctx, js, f.Subjects())
-		if err != nil {
+	filters := f.Subjects()
+	next := make([]uint64, len(filters))
+	for {
+		if err := tailOnce(ctx, js, filters, next, asJSON, w); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return err
 		}
-		if n == 0 {
+		if !follow {
 			return nil
 		}
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ch := make(chan eventlog.Delivered, 256)
-	errc := make(chan error, 1)
-	go func() { errc <- eventlog.Follow(ctx, js, f.Subjects(), 1, ch) }()
-	if last == 0 && !follow {
-		return nil
-	}
-	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case err := <-errc:
-			return err
-		case d := <-ch:
-			if err := printEvent(w, d, asJSON); err != nil {
-				return err
-			}
-			if !follow && (d.Pending == 0 || d.Event.Seq >= last) {
-				return nil
-			}
+		case <-time.After(followEvery):
 		}
 	}
 }
 
-func countMatching(ctx context.Context, js jetstream.JetStream, filters []string) (uint64, error) {
-	s, err := js.Stream(ctx, events.StreamName)
-	if err != nil {
-		return 0, err
+// tailOnce prints what each filter matches from next[i] on, merged in log
+// order, and moves next on. One filter prints as it reads; several (a
+// pool's ledger, demand and alarms) are merged by sequence.
+func tailOnce(ctx context.Context, js jetstream.JetStream, filters []string, next []uint64, asJSON bool, w io.Writer) error {
+	if len(filters) == 1 {
+		n, err := eventlog.Scan(ctx, js, filters[0], next[0], 0, func(d eventlog.Delivered) error { return printEvent(w, d, asJSON) })
+		next[0] = n
+		return err
 	}
-	var n uint64
-	for _, filter := range filters {
-		info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+	var batch []eventlog.Delivered
+	for i, flt := range filters {
+		n, err := eventlog.Scan(ctx, js, flt, next[i], 0, func(d eventlog.Delivered) error {
+			batch = append(batch, d)
+			return nil
+		})
+		next[i] = n
 		if err != nil {
-			return 0, err
-		}
-		for _, c := range info.State.Subjects {
-			n += c
+			return err
 		}
 	}
-	return n, nil
+	sort.Slice(batch, func(a, b int) bool { return batch[a].Event.Seq < batch[b].Event.Seq })
+	for _, d := range batch {
+		if err := printEvent(w, d, asJSON); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func printEvent(w io.Writer, d eventlog.Delivered, asJSON bool) error {

@@ -19,7 +19,14 @@ import (
 // Config is the whole file. Durations are Go durations ("90s", "10m").
 type Config struct {
 	// DataDir holds the embedded server's store and each agent's files.
-	DataDir    string     `yaml:"data_dir"`
+	DataDir string `yaml:"data_dir"`
+	// Instance names this process among the replicas of its service: its
+	// consumer on the log is berth-<service>-<instance> (exact, so NATS
+	// permissions can grant it by name: berth nats-auth --instances) and its
+	// dispatcher sealing key lives under <data_dir>/dispatcher/<instance>.
+	// Empty means BERTH_INSTANCE, else the host name. Two replicas of one
+	// service must never share it: they would split the log between them.
+	Instance   string     `yaml:"instance"`
 	NATS       NATS       `yaml:"nats"`
 	Dispatcher Dispatcher `yaml:"dispatcher"`
 	Watchdog   Watchdog   `yaml:"watchdog"`
@@ -347,6 +354,11 @@ func (c *Config) Validate() error {
 	}
 	if d := c.Dispatcher; d.RunnerSweepEvery < 0 || d.RunnerSweepGrace < 0 {
 		bad("dispatcher.runner_sweep_every %v / runner_sweep_grace %v: give positive durations (the grace outlasts a lost answer's retries: 10m)", d.RunnerSweepEvery, d.RunnerSweepGrace)
+	}
+	if c.Instance != "" {
+		if err := events.ValidName("instance", c.Instance); err != nil {
+			bad("instance: %v", err)
+		}
 	}
 	c.validateRetention(bad)
 	c.validateWarm(bad)

@@ -44,6 +44,12 @@ type Consumer struct {
 	// InactiveThreshold removes the consumer after this long without a
 	// client (an instance that is gone for good); 0 means 1 h.
 	InactiveThreshold time.Duration
+
+	// ackNone makes a follower that acknowledges nothing (Follow): the
+	// server forgets a message once delivered, so a lost delivery is seen
+	// as a gap in the consumer's sequence and the consumer is recreated
+	// after the last fact received, as an ordered consumer would be.
+	ackNone bool
 }
 
 func (c Consumer) withDefaults() Consumer {
@@ -113,13 +119,14 @@ func (u *unacked) resumeFrom(start uint64) uint64 {
 
 // follower reads the log through a durable consumer.
 type follower struct {
-	js    jetstream.JetStream
-	cfg   Consumer
-	subj  []string
-	track unacked
-	stats struct{ redelivered, recreated atomic.Uint64 }
-	cons  atomic.Value // the live jetstream.Consumer, for Stuck
-	last  atomic.Int64 // unix nanos of the last delivery
+	js      jetstream.JetStream
+	started bool // a consumer was created: later creates replace this process's own
+	cfg     Consumer
+	subj    []string
+	track   unacked
+	stats   struct{ redelivered, recreated atomic.Uint64 }
+	cons    atomic.Value // the live jetstream.Consumer, for Stuck
+	last    atomic.Int64 // unix nanos of the last delivery
 }
 
 // pending asks the server how many facts it holds for the follower that
@@ -177,7 +184,12 @@ func (f *follower) run(ctx context.Context, startSeq uint64, out chan<- Delivere
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			slog.Warn("durable consumer: cannot create it yet; retrying (is NATS up and the stream there?)", "consumer", f.cfg.Name, "err", err)
+			if f.cfg.ackNone && !f.started {
+				// Follow's caller decides whether to retry, as it did with
+				// an ordered consumer that could not be made.
+				return fmt.Errorf("follow %v as %s: %w", f.subj, f.cfg.Name, err)
+			}
+			slog.Warn("durable consumer: cannot create it yet; retrying", "consumer", f.cfg.Name, "err", err, "hint", createHint(err))
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
@@ -202,6 +214,11 @@ func (f *follower) run(ctx context.Context, startSeq uint64, out chan<- Delivere
 // configuration cannot be changed in place (a start sequence is fixed at
 // creation), so an old one is deleted first.
 func (f *follower) create(ctx context.Context, from uint64) (jetstream.Consumer, error) {
+	if !f.started {
+		if err := f.checkFree(ctx); err != nil {
+			return nil, err
+		}
+	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := f.js.DeleteConsumer(cctx, events.StreamName, f.cfg.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -222,10 +239,74 @@ func (f *follower) create(ctx context.Context, from uint64) (jetstream.Consumer,
 	} else {
 		cc.FilterSubjects = f.subj
 	}
+	if f.cfg.ackNone {
+		cc.Description = "Berth follower (no acks; recreated after the last fact received)"
+		cc.AckPolicy, cc.AckWait, cc.MaxDeliver, cc.MaxAckPending = jetstream.AckNonePolicy, 0, 0, 0
+	}
 	if from > 1 {
 		cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
 	}
-	return f.js.CreateConsumer(cctx, events.StreamName, cc)
+	cons, err := f.js.CreateConsumer(cctx, events.StreamName, cc)
+	if err == nil {
+		f.started = true
+	}
+	return cons, err
+}
+
+// ErrConsumerInUse: another process reads through the consumer this one
+// would create. Two replicas of a service run with the same instance name
+// (config instance, BERTH_INSTANCE); sharing the consumer would split the
+// log between them, each folding half of it.
+var ErrConsumerInUse = errors.New("another process is reading through this consumer")
+
+// inUseLooks and inUseEvery: how long a process's first create watches an
+// existing consumer of its name for pull requests before replacing it. A
+// live reader always has one waiting (pulls expire after 5 s and are
+// renewed before); a killed one's expire within 5 s. One look without any
+// means nobody reads.
+var (
+	inUseLooks = 13
+	inUseEvery = 500 * time.Millisecond
+)
+
+// checkFree fails with ErrConsumerInUse when a consumer of the follower's
+// name has pull requests waiting on every look over 6 s: a live process
+// reads it. A consumer that is absent, idle, or whose reader died is free
+// (a restart of the same instance replaces its own consumer).
+func (f *follower) checkFree(ctx context.Context) error {
+	for i := 0; i < inUseLooks; i++ {
+		ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		c, err := f.js.Consumer(ictx, events.StreamName, f.cfg.Name)
+		var waiting int
+		if err == nil {
+			if info, ierr := c.Info(ictx); ierr == nil {
+				waiting = info.NumWaiting
+			}
+		}
+		cancel()
+		if errors.Is(err, jetstream.ErrConsumerNotFound) || (err == nil && waiting == 0) {
+			return nil
+		}
+		if err != nil {
+			return nil // cannot tell: the create that follows reports a real fault
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(inUseEvery):
+		}
+	}
+	return fmt.Errorf("consumer %s: %w", f.cfg.Name, ErrConsumerInUse)
+}
+
+// createHint says what to do about a failed create. NATS answers a
+// permissions violation asynchronously (the request itself only times
+// out), so a refused name cannot be told from an unreachable server here.
+func createHint(err error) string {
+	if errors.Is(err, ErrConsumerInUse) {
+		return "two replicas share an instance name: give each its own (config instance or BERTH_INSTANCE)"
+	}
+	return "is NATS up and the stream there (berth stream apply)? Under berth nats-auth, a dispatcher or watchdog replica's instance name (config instance or BERTH_INSTANCE) must be one given to --instances"
 }
 
 // release deletes the consumer on a clean stop; a killed process leaves it
@@ -245,6 +326,7 @@ func (f *follower) consume(ctx context.Context, cons jetstream.Consumer, out cha
 	defer it.Stop()
 	defer context.AfterFunc(ctx, it.Stop)() // Next does not watch ctx itself
 	var waitingSince atomic.Int64           // unix nanos a Next began waiting; 0 while not waiting
+	var lastCons uint64                     // the consumer sequence last delivered (ackNone's gap check)
 	var stalled atomic.Pointer[error]
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
@@ -277,11 +359,21 @@ func (f *follower) consume(ctx context.Context, cons jetstream.Consumer, out cha
 		if meta.NumDelivered > 1 {
 			f.stats.redelivered.Add(1)
 		}
+		if f.cfg.ackNone {
+			if meta.Sequence.Consumer != lastCons+1 {
+				return fmt.Errorf("%w: delivery %d came after %d (one was lost)", errStalled, meta.Sequence.Consumer, lastCons)
+			}
+			lastCons = meta.Sequence.Consumer
+		}
 		f.track.delivered(seq)
 		ev, derr := events.Unmarshal(msg.Data(), seq)
 		ev.Seq, ev.Subject = seq, msg.Subject()
 		d := Delivered{Event: ev, Pending: meta.NumPending, Err: derr, Deliveries: meta.NumDelivered,
 			MaxDeliver: uint64(f.cfg.MaxDeliver), msg: msg, track: &f.track}
+		if f.cfg.ackNone {
+			f.track.settled(seq) // nothing to ack: a recreate resumes after it
+			d.msg, d.Deliveries, d.MaxDeliver = nil, 0, 0
+		}
 		select {
 		case out <- d:
 		case <-ctx.Done():

@@ -156,7 +156,7 @@ func TestFollowSkipsMalformedMessagesAndKeepsDelivering(t *testing.T) {
 	fctx, cancel := context.WithCancel(ctx)
 	ch := make(chan eventlog.Delivered, 16)
 	errc := make(chan error, 1)
-	go func() { errc <- eventlog.Follow(fctx, js, []string{events.SubjectAll}, 0, ch) }()
+	go func() { errc <- eventlog.Follow(fctx, js, "test-follow", []string{events.SubjectAll}, 0, ch) }()
 	defer func() { cancel(); <-errc }()
 	var got []eventlog.Delivered
 	for len(got) < 4 {
@@ -357,7 +357,7 @@ func TestAFollowerLeavesNoConsumerBehind(t *testing.T) {
 	ctx, cancel := context.WithCancel(ctxFor(t))
 	out := make(chan eventlog.Delivered, 8)
 	done := make(chan error, 1)
-	go func() { done <- eventlog.Follow(ctx, js, []string{events.SubjectAll}, 0, out) }()
+	go func() { done <- eventlog.Follow(ctx, js, "test-follow-2", []string{events.SubjectAll}, 0, out) }()
 	select {
 	case <-out:
 	case <-time.After(waitLimit):

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/berth-ci/berth/events"
@@ -65,55 +64,17 @@ func (d Delivered) drop(reason string) {
 	}
 }
 
-// Follow reads the log in order from startSeq (1 or 0: the beginning) with
-// an ordered consumer filtered to filters, and sends every message to out
-// until ctx ends. The ordered consumer recreates itself after a reconnect or
-// a gap, so the fold never silently stops.
-func Follow(ctx context.Context, js jetstream.JetStream, filters []string, startSeq uint64, out chan<- Delivered) error {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: filters}
-	if startSeq > 1 {
-		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cfg.OptStartSeq = startSeq
-	}
-	cons, err := js.OrderedConsumer(ctx, events.StreamName, cfg)
-	if err != nil {
-		return fmt.Errorf("follow %v: %w", filters, err)
-	}
-	defer DropOrdered(js, cons)
-	it, err := cons.Messages(jetstream.PullMaxMessages(512))
-	if err != nil {
-		return fmt.Errorf("follow %v: %w", filters, err)
-	}
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	defer it.Stop()
-	for {
-		msg, err := it.Next()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return ctx.Err()
-			}
-			slog.Warn("event log follower: retrying", "err", err)
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(200 * time.Millisecond):
-			}
-			continue
-		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			continue
-		}
-		ev, derr := events.Unmarshal(msg.Data(), meta.Sequence.Stream)
-		ev.Seq = meta.Sequence.Stream
-		ev.Subject = msg.Subject() // the stored subject is authoritative, even for undecodable bytes
-		select {
-		case out <- Delivered{Event: ev, Pending: meta.NumPending, Err: derr}:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+// Follow reads the log in order from startSeq (1 or 0: the beginning)
+// through a consumer of the given exact name filtered to filters, and sends
+// every message to out until ctx ends. It acknowledges nothing: a delivery
+// lost on the way shows as a gap in the consumer's sequence, and the
+// consumer is recreated after the last fact received, as an ordered
+// consumer would be; but under a name the reader's NATS permissions grant
+// it alone (an ordered consumer's name changes with every recreation, so no
+// permission could name it). The consumer is deleted when ctx ends.
+func Follow(ctx context.Context, js jetstream.JetStream, name string, filters []string, startSeq uint64, out chan<- Delivered) error {
+	f := newFollower(js, Consumer{Name: name, ackNone: true}, filters)
+	return f.run(ctx, startSeq, out)
 }
 
 // DropOrdered deletes an ordered consumer on the server once its reader is
@@ -171,11 +132,7 @@ func ReplayTo(ctx context.Context, js jetstream.JetStream, upto uint64, until ti
 	if upto != 0 && upto < last {
 		last = upto
 	}
-	s, err := js.Stream(ctx, events.StreamName)
-	if err != nil {
-		return f, err
-	}
-	return foldTail(ctx, s, f, 1, last, until, progress)
+	return foldTail(ctx, js, f, 1, last, until, progress)
 }
 
 // foldSafely applies e and turns a panic into an error, so one poison fact

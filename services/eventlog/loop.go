@@ -12,6 +12,7 @@ import (
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/clock"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 )
 
 // Reactor is a service's decide/evolve pair. Apply and Decide run on the
@@ -195,7 +196,11 @@ func (l *Loop) follow(ctx context.Context, seq uint64) (<-chan Delivered, <-chan
 		l.follower.Store(f)
 		go func() { errc <- f.run(ctx, seq+1, ch) }()
 	} else {
-		go func() { errc <- Follow(ctx, l.JS, l.Filters, seq+1, ch) }()
+		// A loop without a named consumer (tests, tools) reads under a
+		// random name: only the services' own names are granted by NATS
+		// permissions (natsauth), so this works without authorization only.
+		name := "berth-follow-" + nuid.Next()
+		go func() { errc <- Follow(ctx, l.JS, name, l.Filters, seq+1, ch) }()
 	}
 	return ch, errc
 }

@@ -64,7 +64,7 @@ func ReplayFrom(ctx context.Context, js jetstream.JetStream, upto uint64, until 
 		last = upto
 	}
 	if state.FirstSeq <= 1 {
-		f, err := foldTail(ctx, s, events.NewFleet(), 1, last, until, progress)
+		f, err := foldTail(ctx, js, events.NewFleet(), 1, last, until, progress)
 		return f, base, err
 	}
 	expired := state.FirstSeq - 1 // facts 1..expired are gone
@@ -91,7 +91,7 @@ func ReplayFrom(ctx context.Context, js jetstream.JetStream, upto uint64, until 
 			}
 		}
 		base.Snapshot, base.SnapshotSeq = sn.key, sn.fleet.LastSeq
-		f, err := foldTail(ctx, s, sn.fleet, sn.fleet.LastSeq+1, last, until, progress)
+		f, err := foldTail(ctx, js, sn.fleet, sn.fleet.LastSeq+1, last, until, progress)
 		return f, base, err
 	}
 	tried = append(tried, notes...)
@@ -166,62 +166,43 @@ func snapshotNotAfter(ctx context.Context, s jetstream.Stream, seq uint64, until
 // foldTail folds facts from..last into f, stopping before the first one
 // stamped after until (zero: no limit). It fails with ErrTruncated if the
 // first fact it reads is not from (it expired while the replay started).
-func foldTail(ctx context.Context, s jetstream.Stream, f *events.Fleet, from, last uint64, until time.Time, progress func(done, total uint64)) (*events.Fleet, error) {
-	total := last - from + 1
+// It reads with batched direct gets (Scan): no consumer is made.
+func foldTail(ctx context.Context, js jetstream.JetStream, f *events.Fleet, from, last uint64, until time.Time, progress func(done, total uint64)) (*events.Fleet, error) {
+	scan := func(ctx context.Context, from, upTo uint64, fn func(Delivered) error) (uint64, error) {
+		return Scan(ctx, js, events.SubjectAll, from, upTo, fn)
+	}
+	return foldScan(ctx, scan, f, from, last, until, progress)
+}
+
+// errUntil ends a scan at the first fact stamped after the time asked for.
+var errUntil = errors.New("past the time asked for")
+
+func foldScan(ctx context.Context, scan func(context.Context, uint64, uint64, func(Delivered) error) (uint64, error),
+	f *events.Fleet, from, last uint64, until time.Time, progress func(done, total uint64)) (*events.Fleet, error) {
 	if from > last {
 		if progress != nil {
 			progress(0, 0)
 		}
 		return f, nil
 	}
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.SubjectAll}}
-	if from > 1 {
-		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cfg.OptStartSeq = from
-	}
-	cons, err := s.OrderedConsumer(ctx, cfg)
-	if err != nil {
-		return f, fmt.Errorf("replay from seq %d: %w", from, err)
-	}
-	defer dropOrdered(cons, func(ctx context.Context, info *jetstream.ConsumerInfo) error {
-		return s.DeleteConsumer(ctx, info.Name)
-	})
-	it, err := cons.Messages(jetstream.PullMaxMessages(512))
-	if err != nil {
-		return f, fmt.Errorf("replay from seq %d: %w", from, err)
-	}
-	defer it.Stop()
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
+	total := last - from + 1
 	report := func(seq uint64) {
 		if progress != nil {
 			progress(seq-from+1, total)
 		}
 	}
-	next := from
-	for {
-		msg, err := it.Next()
-		if err != nil {
-			if ctx.Err() != nil {
-				err = ctx.Err()
-			}
-			return f, fmt.Errorf("replay stopped at seq %d of %d: %w", next-1, last, err)
-		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			return f, fmt.Errorf("replay at seq %d: %w", next, err)
-		}
-		seq := meta.Sequence.Stream
-		if next == from && seq != from {
-			return f, fmt.Errorf("%w: the replay needs seq %d onwards, but the log now starts at seq %d (facts expired while it started); run it again",
+	first := true
+	next, err := scan(ctx, from, last, func(d Delivered) error {
+		ev, derr := d.Event, d.Err
+		seq := ev.Seq
+		if first && seq != from {
+			return fmt.Errorf("%w: the replay needs seq %d onwards, but the log now starts at seq %d (facts expired while it started); run it again",
 				ErrTruncated, from, seq)
 		}
-		next = seq + 1
-		ev, derr := events.Unmarshal(msg.Data(), seq)
-		ev.Seq, ev.Subject = seq, msg.Subject()
+		first = false
 		if !until.IsZero() && derr == nil && ev.Time.After(until) {
 			report(seq - 1)
-			return f, nil
+			return errUntil
 		}
 		if derr == nil {
 			// A fact its subject does not confirm is refused here as in
@@ -232,14 +213,24 @@ func foldTail(ctx context.Context, s jetstream.Stream, f *events.Fleet, from, la
 		if derr != nil || foldSafely(f, ev) != nil {
 			f.Skip(seq, ev.Subject)
 		}
-		if seq >= last {
-			report(last)
-			return f, nil
-		}
 		if (seq-from+1)%1000 == 0 {
 			report(seq)
 		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errUntil):
+		return f, nil
+	case err != nil:
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return f, fmt.Errorf("replay stopped at seq %d of %d: %w", next-1, last, err)
+	case next <= last && first:
+		return f, fmt.Errorf("%w: the replay needs seq %d onwards, but the log holds none of %d..%d now; run it again", ErrTruncated, from, from, last)
 	}
+	report(last)
+	return f, nil
 }
 
 // CheckCovers tells whether a fold that has applied every fact up to seq
@@ -273,6 +264,6 @@ func CatchUp(ctx context.Context, js jetstream.JetStream, f *events.Fleet) error
 	if err != nil {
 		return err
 	}
-	_, err = foldTail(ctx, s, f, f.LastSeq+1, info.State.LastSeq, time.Time{}, nil)
+	_, err = foldTail(ctx, js, f, f.LastSeq+1, info.State.LastSeq, time.Time{}, nil)
 	return err
 }

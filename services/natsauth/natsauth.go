@@ -18,18 +18,19 @@
 // No role but admin may create, update, seal, delete or purge a stream or a
 // KV bucket; services only verify that the stream is what they expect. The
 // JetStream API of every role is an allow-list (API): stream and bucket
-// info, consumers on the log (and, for the readers of heartbeats and
-// snapshots, on the buckets), direct gets, and KV writes only under the
-// role's own keys (its snapshot, its parked records, an agent's heartbeat).
-// Nobody but admin lists consumers, and each role receives replies only on
-// its own inbox prefix (InboxPrefix), so a consumer's name (random per
-// instance) is known to its owner alone: another role can neither see
-// another's deliveries nor learn which consumer to inspect, pull, ack or
-// delete. An agent reads only its own host's facts and placements: it may
-// create consumers on the log only with its own host's filter (the server
-// sees the filter in the create subject) and get messages directly only
-// from its own subjects. JIT configs are sealed to each agent's curve key
-// as well.
+// info, direct gets (batched ones read the whole log without a consumer),
+// KV writes only under the role's own keys (its snapshot, its parked
+// records, an agent's heartbeat), and the role's own consumers on the log
+// by their exact names: each dispatcher and watchdog replica's durable
+// consumer (berth-<service>-<instance>, for the instances given to
+// Generate), an agent's two (berth-agent-<host> and berth-hostwatch-<host>,
+// held to its host's filters). Nobody else may create, inspect, pull from,
+// acknowledge or delete them, and nobody but admin lists consumers. Each
+// role receives replies only on its own inbox prefix (InboxPrefix), so no
+// role sees another's deliveries. The watchdog alone watches the heartbeat
+// bucket (a consumer there is a watchdog's). An agent reads only its own
+// host's facts and placements. JIT configs are sealed to each agent's curve
+// key as well.
 package natsauth
 
 import (
@@ -88,17 +89,30 @@ type Auth struct {
 	Users []User
 }
 
+// DefaultInstances are the replica names granted a consumer when none are
+// given: a dispatcher or watchdog replica runs with one of them as its
+// instance (config instance, or BERTH_INSTANCE).
+var DefaultInstances = []string{"1", "2", "3"}
+
 // Generate makes a fresh nkey for every role: the dispatcher, the
 // watchdog, the cli, the admin, one agent per host, and the system user.
-// Host names must be valid subject tokens (events.ValidName).
-func Generate(hosts []string) (*Auth, error) {
+// Host and instance names must be valid subject tokens (events.ValidName);
+// instances name the dispatcher and watchdog replicas (nil:
+// DefaultInstances), each of which may read the log only through its own
+// consumer, events.ServiceConsumer(service, instance).
+func Generate(hosts, instances []string) (*Auth, error) {
 	a := &Auth{}
 	for _, h := range hosts {
 		if err := events.ValidName("host", h); err != nil {
 			return nil, err
 		}
 	}
-	for _, u := range Permissions(hosts) {
+	for _, in := range instances {
+		if err := events.ValidName("instance", in); err != nil {
+			return nil, err
+		}
+	}
+	for _, u := range Permissions(hosts, instances) {
 		kp, err := nkeys.CreateUser()
 		if err != nil {
 			return nil, err
@@ -111,8 +125,11 @@ func Generate(hosts []string) (*Auth, error) {
 }
 
 // Permissions is every role's permissions, without keys: what Generate
-// hands out and Table renders.
-func Permissions(hosts []string) []User {
+// hands out and Table renders. instances nil means DefaultInstances.
+func Permissions(hosts, instances []string) []User {
+	if len(instances) == 0 {
+		instances = DefaultInstances
+	}
 	p := events.SubjectPrefix
 	mk := func(role, account string, publish, api []string) User {
 		u := User{Role: role, Account: account, Publish: publish, API: api}
@@ -128,10 +145,11 @@ func Permissions(hosts []string) []User {
 	parked := func(key string) string { return kv(events.BucketParked, key+".>") }
 	users := []User{
 		mk(RoleDispatcher, Account, concat([]string{p + ".job.>"}, authored(events.RoleDispatcher, ".pool.*", ".attempt.*.*"),
-			snapshots(events.SnapshotKeyDispatcher), []string{parked(events.SnapshotKeyDispatcher)}), readerAPI()),
+			snapshots(events.SnapshotKeyDispatcher), []string{parked(events.SnapshotKeyDispatcher)}),
+			concat(readerAPI(), serviceConsumers("dispatcher", instances))),
 		mk(RoleWatchdog, Account, concat(authored(events.RoleWatchdog, ".pool.*", ".attempt.*.*", ".host.*"), []string{p + ".demand.>", p + ".alarm.>"},
 			snapshots(events.SnapshotKeyWatchdog), []string{parked(events.SnapshotKeyWatchdog), kv(events.BucketHeartbeats, events.HeartbeatProbeKey)}),
-			readerAPI()),
+			concat(readerAPI(), serviceConsumers("watchdog", instances), heartbeatWatch())),
 		mk(RoleCLI, Account, authored(events.RoleCLI, ".host.*", ".pool.*", ".attempt.*.*"), readerAPI()),
 	}
 	for _, h := range hosts {
@@ -159,25 +177,59 @@ func concat(ss ...[]string) []string {
 // buckets is every KV bucket, each the stream KV_<bucket>.
 var buckets = []string{events.BucketSnapshots, events.BucketHeartbeats, events.BucketParked, events.BucketTrust}
 
-// logConsumers is the API of consumers on stream: create under a name (in
-// the subject, with or without the filter), inspect, pull, delete. Not the
-// legacy ephemeral create (the name only in the body), not list or names.
-func logConsumers(stream string) []string {
-	const api = "$JS.API."
-	return []string{api + "CONSUMER.CREATE." + stream + ".*", api + "CONSUMER.CREATE." + stream + ".*.>",
-		api + "CONSUMER.INFO." + stream + ".*", api + "CONSUMER.DELETE." + stream + ".*", api + "CONSUMER.MSG.NEXT." + stream + ".*"}
+// ownConsumer is the JetStream API of one consumer on the log that its
+// owner alone may use, by its exact name: create it (with the filter in the
+// create subject when filter is set, so the server holds it to that
+// filter; with any filter otherwise), read its info, pull from it, delete
+// it, and, when acks, acknowledge its messages. A consumer name is one
+// subject token and a permission's wildcard matches a whole token, so no
+// prefix can be granted: every name is listed.
+func ownConsumer(name, filter string, acks bool) []string {
+	const api, log = "$JS.API.", events.StreamName
+	create := []string{api + "CONSUMER.CREATE." + log + "." + name, api + "CONSUMER.CREATE." + log + "." + name + ".>"}
+	if filter != "" {
+		create = []string{api + "CONSUMER.CREATE." + log + "." + name + "." + filter}
+	}
+	out := append(create, api+"CONSUMER.INFO."+log+"."+name, api+"CONSUMER.DELETE."+log+"."+name,
+		api+"CONSUMER.MSG.NEXT."+log+"."+name)
+	if acks {
+		out = append(out, "$JS.ACK."+log+"."+name+".>")
+	}
+	return out
+}
+
+// serviceConsumers is every replica's own durable consumer of a dispatcher
+// or watchdog (events.ServiceConsumer).
+func serviceConsumers(service string, instances []string) []string {
+	var out []string
+	for _, in := range instances {
+		out = append(out, ownConsumer(events.ServiceConsumer(service, in), "", true)...)
+	}
+	return out
+}
+
+// heartbeatWatch is the watchdog's watch of the heartbeat bucket (an
+// ordered push consumer nats.go names at random, with flow control). No
+// other role may make a consumer on that bucket, so the only consumers
+// there are watchdogs' own.
+func heartbeatWatch() []string {
+	const api, hb = "$JS.API.", "KV_" + events.BucketHeartbeats
+	return []string{api + "CONSUMER.CREATE." + hb + ".*", api + "CONSUMER.CREATE." + hb + ".*.>",
+		api + "CONSUMER.INFO." + hb + ".*", api + "CONSUMER.DELETE." + hb + ".*", "$JS.FC." + hb + ".>"}
 }
 
 // readerAPI is the JetStream API of a role that reads the whole log: the
-// stream's info (never its create or update), consumers and direct gets
-// on it, and every bucket's info, direct gets and watches.
+// stream's info (never its create or update), direct gets on it (single,
+// and batched: eventlog.Scan reads the log with them, no consumer needed),
+// and every bucket's info and direct gets. No consumer: a role's own are
+// granted by name (ownConsumer).
 func readerAPI() []string {
 	const api, log = "$JS.API.", events.StreamName
-	out := concat([]string{api + "INFO", api + "STREAM.INFO." + log, api + "DIRECT.GET." + log + ".>"}, logConsumers(log))
+	out := []string{api + "INFO", api + "STREAM.INFO." + log, api + "DIRECT.GET." + log, api + "DIRECT.GET." + log + ".>"}
 	for _, b := range buckets {
-		out = append(append(out, api+"STREAM.INFO.KV_"+b, api+"DIRECT.GET.KV_"+b+".>"), logConsumers("KV_"+b)...)
+		out = append(out, api+"STREAM.INFO.KV_"+b, api+"DIRECT.GET.KV_"+b+".>")
 	}
-	return append(out, "$JS.ACK.>", "$JS.FC.>")
+	return out
 }
 
 // authored is the subjects of the given aggregates (under the prefix) that
@@ -234,20 +286,22 @@ func (a *Auth) Config() string {
 	return b.String()
 }
 
-// agentAPI is the JetStream API an agent may call: consumers on the log
-// only with its own host's filter (the server checks the filter in the
-// create subject against the request), direct gets only of its own
-// subjects, and of the buckets the heartbeats, the trust keys, the parked
+// agentAPI is the JetStream API an agent may call: its two consumers on
+// the log by their exact names, each held to its own host's filter (the
+// server checks the filter in the create subject against the request):
+// its durable one on its attempts (events.AgentConsumer) and the watch of
+// its host's facts (events.HostWatchConsumer); direct gets only of its own
+// subjects; and of the buckets the heartbeats, the trust keys, the parked
 // records and its own snapshot only. So an agent reads nothing of other
-// hosts' placements, jobs or bookings, nor their snapshots.
+// hosts' placements, jobs or bookings, nor their snapshots, and touches no
+// consumer but its own.
 func agentAPI(host string) []string {
 	const api, log = "$JS.API.", events.StreamName
-	own := []string{events.HostAttemptsFilter(host), events.HostFilter(host)}
-	out := []string{api + "INFO", api + "STREAM.INFO." + log,
-		api + "CONSUMER.INFO." + log + ".*", api + "CONSUMER.DELETE." + log + ".*", api + "CONSUMER.MSG.NEXT." + log + ".*",
-		"$JS.ACK.>", "$JS.FC.>"}
-	for _, s := range own {
-		out = append(out, api+"CONSUMER.CREATE."+log+".*."+s, api+"DIRECT.GET."+log+"."+s)
+	out := concat([]string{api + "INFO", api + "STREAM.INFO." + log},
+		ownConsumer(events.AgentConsumer(host), events.HostAttemptsFilter(host), true),
+		ownConsumer(events.HostWatchConsumer(host), events.HostFilter(host), false))
+	for _, s := range []string{events.HostAttemptsFilter(host), events.HostFilter(host)} {
+		out = append(out, api+"DIRECT.GET."+log+"."+s)
 	}
 	// A KV bucket B is the stream KV_B; its key K is the subject $KV.B.K.
 	for _, b := range buckets {
@@ -300,9 +354,10 @@ func (a *Auth) Write(dir string) ([]string, error) {
 }
 
 // Table renders every role's permissions as a Markdown table (hosts stand
-// for the agents, e.g. "HOST"): docs/security-nats.md holds it between
-// TableBegin and TableEnd, and a test keeps the two equal.
-func Table(hosts []string) string {
+// for the agents, e.g. "HOST", instances for the replicas, e.g.
+// "INSTANCE"): docs/security-nats.md holds it between TableBegin and
+// TableEnd, and a test keeps the two equal.
+func Table(hosts, instances []string) string {
 	var b strings.Builder
 	b.WriteString("| role (seed file) | may publish: facts and KV keys | JetStream API, acks | denied | may subscribe |\n")
 	b.WriteString("| --- | --- | --- | --- | --- |\n")
@@ -316,7 +371,7 @@ func Table(hosts []string) string {
 		}
 		return strings.Join(q, "<br>")
 	}
-	for _, u := range Permissions(hosts) {
+	for _, u := range Permissions(hosts, instances) {
 		if u.Account != Account {
 			fmt.Fprintf(&b, "| %s (`%s.nk`) | system account %s: `nats server report` | — | — | — |\n", u.Role, u.Role, u.Account)
 			continue

@@ -17,7 +17,7 @@ import (
 // the config names; each agent may publish its own host's subjects and not
 // the other's; and a host name that is not a subject token is refused.
 func TestWrittenAuthorizationParsesWithOneKeyPerRole(t *testing.T) {
-	a, err := natsauth.Generate([]string{"mac-1", "linux-1"})
+	a, err := natsauth.Generate([]string{"mac-1", "linux-1"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestWrittenAuthorizationParsesWithOneKeyPerRole(t *testing.T) {
 		slices.Contains(agent.Permissions.Publish.Allow, "berth.evt.host.linux-1.agent") {
 		t.Errorf("mac-1's agent: account %v, permissions %+v", agent.Account, agent.Permissions)
 	}
-	if _, err := natsauth.Generate([]string{"bad.host"}); err == nil {
+	if _, err := natsauth.Generate([]string{"bad.host"}, nil); err == nil {
 		t.Error("a host name with a dot was accepted")
 	}
 }

@@ -6,8 +6,6 @@ package run
 import (
 	"bytes"
 	"context"
-	cryptorand "crypto/rand"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,7 +13,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -205,48 +202,45 @@ func serve(ctx context.Context, s *System, name, addr string, h http.Handler) (s
 	}
 }
 
-// consumer is the durable consumer a service instance reads the log with:
-// berth-<service>-<instance>-<nonce>. The instance is BERTH_INSTANCE when
-// set, else the host name, so `nats consumer ls BERTH_EVENTS` tells who
-// reads; the nonce is new for every consumer this process opens, so two
-// replicas never share one (they would split the log between them) however
-// they are named. A restart opens a new one anyway (the loop starts from its
-// snapshot); a killed process's consumer goes after its InactiveThreshold.
-func consumer(service string) *eventlog.Consumer {
-	inst := instance()
-	// Random, not a clock: the name is the consumer's only guard against
-	// another role that would inspect, pull from or delete it (NATS
-	// permissions cannot match a name prefix; docs/security-nats.md).
-	var r [8]byte
-	_, _ = cryptorand.Read(r[:])
-	nonce := strconv.FormatUint(binary.BigEndian.Uint64(r[:]), 36)
-	return &eventlog.Consumer{Name: "berth-" + service + "-" + consumerSafe(inst) + "-" + nonce}
+// consumer is the durable consumer a dispatcher or watchdog replica reads
+// the log with: berth-<service>-<instance> (events.ServiceConsumer), an
+// exact name, so that NATS permissions can grant each role its own
+// consumers and nothing else (berth nats-auth --instances). A restart of
+// the same instance replaces its consumer (the loop starts from its
+// snapshot); two live replicas must not share an instance name, and the
+// consumer refuses to take over one another process is reading.
+func consumer(cfg *config.Config, service string) *eventlog.Consumer {
+	return &eventlog.Consumer{Name: events.ServiceConsumer(service, instance(cfg))}
 }
 
 // DispatcherKeyFile is where this instance's dispatcher keeps the curve
 // key it seals placements with: <data_dir>/dispatcher/<instance>/curve.seed.
 func DispatcherKeyFile(cfg *config.Config) string {
-	return filepath.Join(cfg.DataDir, "dispatcher", consumerSafe(instance()), "curve.seed")
+	return filepath.Join(cfg.DataDir, "dispatcher", instance(cfg), "curve.seed")
 }
 
-// instance names this process among replicas: BERTH_INSTANCE, else the
-// host name.
-func instance() string {
+// instance names this process among replicas of its service: the config's
+// instance, else BERTH_INSTANCE, else the host name (made a valid consumer
+// name token).
+func instance(cfg *config.Config) string {
+	if cfg != nil && cfg.Instance != "" {
+		return cfg.Instance
+	}
 	if inst := os.Getenv("BERTH_INSTANCE"); inst != "" {
-		return inst
+		return consumerSafe(inst)
 	}
 	inst, _ := os.Hostname()
-	return inst
+	return consumerSafe(inst)
 }
 
 // trustOwnKey publishes the dispatcher's sealing key in berth_trust where
 // this credential may (`berth dev`, a NATS without authorization); where
 // only the admin may, it says what the admin must run. Agents open only
 // placements sealed by a trusted key.
-func trustOwnKey(ctx context.Context, js jetstream.JetStream, pub string, logger *slog.Logger) {
+func trustOwnKey(ctx context.Context, js jetstream.JetStream, pub, inst string, logger *slog.Logger) {
 	tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := trust.AddDispatcher(tctx, js, pub, "dispatcher "+instance()); err != nil {
+	if err := trust.AddDispatcher(tctx, js, pub, "dispatcher "+inst); err != nil {
 		logger.Warn("this dispatcher's sealing key is not trusted yet: agents refuse its placements until the admin runs `berth trust add "+pub+"`",
 			"key", pub, "err", err)
 		return
@@ -356,7 +350,7 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	metrics := dispatch.NewMetrics(reg)
 	app := &eventlog.Appender{JS: js, Source: "berth/dispatcher", Role: events.RoleDispatcher}
 	d, err := dispatch.New(&eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 500 * time.Millisecond,
-		SnapshotKey: events.SnapshotKeyDispatcher, Consumer: consumer("dispatcher"), Replicas: cfg.NATS.Replicas}, app, minter,
+		SnapshotKey: events.SnapshotKeyDispatcher, Consumer: consumer(cfg, "dispatcher"), Replicas: cfg.NATS.Replicas}, app, minter,
 		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts, Warm: warmPools(dc.WarmPools),
 			RegistrationTimeout: cfg.Watchdog.RegistrationTimeout, ProvisionTimeout: cfg.Watchdog.ProvisionTimeout,
 			ProbeAfter: dc.ProbeAfter, ProbeMax: dc.ProbeMax}, MintTimeout: dc.MintTimeout,
@@ -374,7 +368,7 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 		logger.Info("sealing key: agents open this dispatcher's placements once the admin trusts it",
 			"key", d.SealingKey(), "admin", "berth --nats-nkey admin.nk trust add "+d.SealingKey())
 	} else {
-		trustOwnKey(ctx, js, d.SealingKey(), logger)
+		trustOwnKey(ctx, js, d.SealingKey(), instance(cfg), logger)
 	}
 	secret := config.Secret(dc.WebhookSecret, dc.WebhookSecretEnv)
 	if secret == "" {
@@ -468,7 +462,7 @@ func Watchdog(ctx context.Context, s *System, cfg *config.Config, logger *slog.L
 	w.Retention = wc.Retention
 	w.HeartbeatReplicas = cfg.NATS.Replicas
 	w.Loop.SnapshotKey = events.SnapshotKeyWatchdog
-	w.Loop.Consumer = consumer("watchdog")
+	w.Loop.Consumer = consumer(cfg, "watchdog")
 	w.Loop.Replicas = cfg.NATS.Replicas
 	reg := registry()
 	w.Metrics = watchdog.NewMetrics(reg)
@@ -543,7 +537,7 @@ func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Age
 	if listen == "" {
 		listen = "127.0.0.1:0"
 	}
-	a.Loop.Consumer = consumer("agent-" + consumerSafe(ac.Host))
+	a.Loop.Consumer = &eventlog.Consumer{Name: events.AgentConsumer(ac.Host)}
 	a.Loop.Replicas = cfg.NATS.Replicas
 	reg := registry()
 	loopMetrics(reg, a.Loop)

@@ -161,7 +161,8 @@ func (a *Agent) Run(ctx context.Context) error {
 }
 
 // watchHost follows this host's own facts (online, lost, draining,
-// cordons) with an ordered consumer on the host's subject alone, folds
+// cordons) through its own consumer on the host's subject alone
+// (events.HostWatchConsumer: the only other name its permissions grant), folds
 // them, and tells the loop whether the host is recorded lost. It retries
 // until ctx ends.
 func (a *Agent) watchHost(ctx context.Context) {
@@ -172,7 +173,9 @@ func (a *Agent) watchHost(ctx context.Context) {
 		ch := make(chan eventlog.Delivered, 64)
 		fctx, stop := context.WithCancel(ctx)
 		errc := make(chan error, 1)
-		go func() { errc <- eventlog.Follow(fctx, a.js, []string{subject}, f.LastSeq+1, ch) }()
+		go func() {
+			errc <- eventlog.Follow(fctx, a.js, events.HostWatchConsumer(a.opts.Host), []string{subject}, f.LastSeq+1, ch)
+		}()
 	read:
 		for {
 			select {

@@ -96,7 +96,7 @@ func (h *harness) follow(t *testing.T) {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		if err := eventlog.Follow(ctx, h.js, []string{events.SubjectAll}, 1, ch); err != nil && ctx.Err() == nil {
+		if err := eventlog.Follow(ctx, h.js, "test-follow", []string{events.SubjectAll}, 1, ch); err != nil && ctx.Err() == nil {
 			t.Errorf("follow: %v", err)
 		}
 	}()

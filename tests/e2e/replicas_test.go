@@ -34,9 +34,10 @@ func TestThreeDispatchersNeverOverbook(t *testing.T) {
 	}
 	extra, stopExtra := context.WithCancel(ctx)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	for range 2 {
+	for i := range 2 {
 		cfg := *f.Config
 		cfg.Dispatcher.Listen = "127.0.0.1:0"
+		cfg.Instance = fmt.Sprintf("extra-%d", i) // each replica its own consumer
 		if _, _, err := run.Dispatcher(extra, f.Sys, &cfg, quiet); err != nil {
 			t.Fatal(err)
 		}
@@ -99,7 +100,7 @@ func countSlotFacts(t *testing.T, ctx context.Context, url string) (res, rel map
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ch := make(chan eventlog.Delivered, 256)
-	go eventlog.Follow(cctx, js, []string{events.SubjectAll}, 1, ch)
+	go eventlog.Follow(cctx, js, "test-replicas-follow", []string{events.SubjectAll}, 1, ch)
 	for {
 		select {
 		case d := <-ch:

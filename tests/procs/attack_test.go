@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/natsauth"
 	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/tests/ghsim"
@@ -198,11 +199,15 @@ func TestEveryRoleIsRefusedWhatLaw10Forbids(t *testing.T) {
 		sys.Sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted", "linux"}, Duration: 100 * time.Millisecond})
 	}
 	sys.AwaitQuiet(60*time.Second, nil)
-	victim, cur := dispatcherConsumer(t, sys)
+	consumers, cur := consumersOnTheLog(t, sys)
 
 	var wg sync.WaitGroup
 	for _, role := range attackers {
-		for _, a := range forbidden(role, victim, cur) {
+		acts := forbidden(role, others(role, consumers)[0], cur)
+		for _, victim := range others(role, consumers) {
+			acts = append(acts, touch(victim)...)
+		}
+		for _, a := range acts {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -297,32 +302,19 @@ func forgeAll(t *testing.T, sys *System, ctx context.Context) []string {
 	}
 	ids = append(ids, marker.ID)
 	last := ack.Sequence
-	s, err := sys.JetStream().Stream(ctx, events.StreamName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{NamePrefix: "berth-cli-attack"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Read as the cli reads (batched direct gets: it holds no consumer).
 	var stored []string
-	for {
-		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		meta, _ := m.Metadata()
-		ev, derr := events.Unmarshal(m.Data(), meta.Sequence.Stream)
-		ev.Subject = m.Subject()
-		if derr == nil && strings.HasPrefix(ev.ID, "forged-") {
+	if _, err := eventlog.Scan(ctx, sys.JetStream(), events.SubjectAll, 1, last, func(d eventlog.Delivered) error {
+		ev := d.Event
+		if d.Err == nil && strings.HasPrefix(ev.ID, "forged-") {
 			if _, err := events.Authorize(ev); err == nil {
 				t.Errorf("forgery %s (%s on %s) passes events.Authorize: the suite built a legitimate fact", ev.ID, ev.Type(), ev.Subject)
 			}
 			stored = append(stored, ev.ID)
 		}
-		if meta.Sequence.Stream >= last {
-			break
-		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("%d forgeries published, %d stored (the rest refused by the server)", len(ids), len(stored))
 	return stored
@@ -445,9 +437,10 @@ func createCalls(t *testing.T, sys *System) int {
 	return n
 }
 
-// dispatcherConsumer is the name of the dispatcher's durable consumer, as
-// only the admin may list it, and the stream's configuration.
-func dispatcherConsumer(t *testing.T, sys *System) (string, jetstream.StreamConfig) {
+// consumersOnTheLog is every consumer on the log, as only the admin may
+// list them, and the stream's configuration. The services' consumers must
+// be there under their exact names, or the suite would try nothing.
+func consumersOnTheLog(t *testing.T, sys *System) ([]string, jetstream.StreamConfig) {
 	t.Helper()
 	nc, _ := roleConn(t, sys, natsauth.RoleAdmin)
 	js, err := jetstream.New(nc)
@@ -460,12 +453,56 @@ func dispatcherConsumer(t *testing.T, sys *System) (string, jetstream.StreamConf
 	if err != nil {
 		t.Fatal(err)
 	}
+	var out []string
 	names := st.ConsumerNames(ctx)
 	for n := range names.Name() {
-		if strings.HasPrefix(n, "berth-dispatcher-") {
-			return n, st.CachedInfo().Config
+		out = append(out, n)
+	}
+	for _, want := range []string{events.ServiceConsumer("dispatcher", "1"), events.ServiceConsumer("watchdog", "1"),
+		events.AgentConsumer("host-a"), events.HostWatchConsumer("host-a"), events.AgentConsumer("host-b")} {
+		if !slices.Contains(out, want) {
+			t.Fatalf("the admin lists no consumer %s (%v; %v)", want, out, names.Err())
 		}
 	}
-	t.Fatalf("the admin lists no dispatcher consumer (%v)", names.Err())
-	return "", jetstream.StreamConfig{}
+	return out, st.CachedInfo().Config
+}
+
+// owns tells whether consumer name is role's own (the names natsauth grants).
+func owns(role, name string) bool {
+	switch role {
+	case natsauth.RoleDispatcher:
+		return strings.HasPrefix(name, "berth-dispatcher-")
+	case natsauth.RoleWatchdog:
+		return strings.HasPrefix(name, "berth-watchdog-")
+	case natsauth.AgentRole("host-a"):
+		return name == events.AgentConsumer("host-a") || name == events.HostWatchConsumer("host-a")
+	}
+	return false
+}
+
+// others is every consumer in names that is not role's.
+func others(role string, names []string) []string {
+	var out []string
+	for _, n := range names {
+		if !owns(role, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// touch is what a role may not do to another's consumer (law 10): read its
+// state, pull its deliveries (which also pushes them towards the poison
+// limit), acknowledge one (so its owner never folds it), delete it (its
+// owner then acts on a partial view until it notices), or make it anew.
+func touch(victim string) []act {
+	const api, log = "$JS.API.", events.StreamName
+	return []act{
+		{name: "inspect " + victim, subject: api + "CONSUMER.INFO." + log + "." + victim},
+		{name: "pull from " + victim, subject: api + "CONSUMER.MSG.NEXT." + log + "." + victim, body: `{"batch":1,"expires":1000000000}`},
+		{name: "ack on " + victim, subject: "$JS.ACK." + log + "." + victim + ".1.2.2.1700000000000000000.0", body: "+ACK"},
+		{name: "delete " + victim, subject: api + "CONSUMER.DELETE." + log + "." + victim},
+		{name: "create " + victim + " anew", subject: api + "CONSUMER.CREATE." + log + "." + victim + "." + events.SubjectAll,
+			body: `{"stream_name":"` + log + `","config":{"name":"` + victim + `","filter_subject":"` + events.SubjectAll + `","ack_policy":"none"}}`},
+	}
 }

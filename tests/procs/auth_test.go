@@ -51,28 +51,38 @@ func TestPerServiceKeysServeJobsAndRefuseForeignFacts(t *testing.T) {
 			t.Errorf("%s publishing on %s: %v, want a permissions violation", c.role, c.subject, err)
 		}
 	}
-	// An agent reads only its own host: a consumer on its own placements
-	// works; one on another host's, on the jobs or on the whole log, and a
-	// direct read of another host's facts, are refused.
+	// An agent reads only its own host: its own consumer and its own
+	// host's facts answer; its own consumer's name on host-b's placements,
+	// on the jobs or on the whole log, any other name, and a direct read of
+	// another host's facts, are refused.
 	agentKey := filepath.Join(sys.AuthDir, natsauth.AgentRole("host-a")+".nk")
 	own := func(js jetstream.JetStream, ctx context.Context) error {
-		_, err := js.OrderedConsumer(ctx, events.StreamName, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.HostAttemptsFilter("host-a")}})
+		if _, err := js.Consumer(ctx, events.StreamName, events.AgentConsumer("host-a")); err != nil {
+			return err
+		}
+		s, err := js.Stream(ctx, events.StreamName)
+		if err != nil {
+			return err
+		}
+		_, err = s.GetLastMsgForSubject(ctx, events.HostSubject("host-a")+"."+string(events.RoleAgent))
 		return err
 	}
 	if err := readAs(t, url, agentKey, own); err != nil {
-		t.Errorf("agent-host-a reading its own placements: %v", err)
+		t.Errorf("agent-host-a reading its own consumer and facts: %v", err)
+	}
+	ownNameOn := func(filter string) func(jetstream.JetStream, context.Context) error {
+		return func(js jetstream.JetStream, ctx context.Context) error {
+			_, err := js.CreateConsumer(ctx, events.StreamName, jetstream.ConsumerConfig{Name: events.HostWatchConsumer("host-a"),
+				FilterSubject: filter, AckPolicy: jetstream.AckNonePolicy})
+			return err
+		}
 	}
 	for what, read := range map[string]func(jetstream.JetStream, context.Context) error{
-		"a consumer on host-b's placements": func(js jetstream.JetStream, ctx context.Context) error {
-			_, err := js.OrderedConsumer(ctx, events.StreamName, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.HostAttemptsFilter("host-b")}})
-			return err
-		},
-		"a consumer on every job": func(js jetstream.JetStream, ctx context.Context) error {
-			_, err := js.OrderedConsumer(ctx, events.StreamName, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"berth.evt.job.>"}})
-			return err
-		},
-		"a consumer on the whole log": func(js jetstream.JetStream, ctx context.Context) error {
-			_, err := js.OrderedConsumer(ctx, events.StreamName, jetstream.OrderedConsumerConfig{})
+		"a consumer on host-b's placements": ownNameOn(events.HostAttemptsFilter("host-b")),
+		"a consumer on every job":           ownNameOn("berth.evt.job.>"),
+		"a consumer on the whole log":       ownNameOn(events.SubjectAll),
+		"a consumer under another name on its own placements": func(js jetstream.JetStream, ctx context.Context) error {
+			_, err := js.OrderedConsumer(ctx, events.StreamName, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.HostAttemptsFilter("host-a")}})
 			return err
 		},
 		"host-b's last fact": func(js jetstream.JetStream, ctx context.Context) error {

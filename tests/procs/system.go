@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -72,14 +73,15 @@ type System struct {
 	Auth    *natsauth.Auth
 	AuthDir string
 
-	js     jetstream.JetStream
-	nc     *nats.Conn
-	tag    string
-	hook   *hookProxy
-	vms    *vmWatch
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	js          jetstream.JetStream
+	nc          *nats.Conn
+	dispatchers int // how many dispatcher processes (Options.Dispatchers)
+	tag         string
+	hook        *hookProxy
+	vms         *vmWatch
+	ctx         context.Context
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
 }
 
 // Start builds the binaries (once), starts NATS, the simulator with its
@@ -90,6 +92,7 @@ func Start(t *testing.T, o Options) *System {
 	t.Helper()
 	o.defaults()
 	s := newSystem(t, Build(t))
+	s.dispatchers = o.Dispatchers
 	clientOpts := s.startNATSWithAuth(o)
 	dispAddrs := s.startSim(o)
 	var err error
@@ -174,7 +177,7 @@ func (s *System) startNATSWithAuth(o Options) []nats.Option {
 	var clientOpts []nats.Option
 	if o.Auth {
 		var err error
-		if s.Auth, err = natsauth.Generate(o.Hosts); err != nil {
+		if s.Auth, err = natsauth.Generate(o.Hosts, instances(max(o.Dispatchers, o.Watchdogs))); err != nil {
 			t.Fatal(err)
 		}
 		s.AuthDir = filepath.Join(s.Dir, "auth")
@@ -245,20 +248,34 @@ func (s *System) ApplyStream() string {
 		s.t.Fatalf("berth stream apply: %v\n%s", err, out)
 	}
 	if s.Auth != nil {
-		// The admin's second step: trust the dispatchers' sealing key (they
-		// share one here: one data_dir, one host name), or agents refuse
-		// every placement.
-		key, err := exec.CommandContext(ctx, s.Bins.Berth, "dispatcher", "key", "--config", path).Output()
-		if err != nil {
-			s.t.Fatalf("berth dispatcher key: %v", err)
+		// The admin's second step: trust each dispatcher replica's sealing
+		// key (one per instance), or agents refuse its placements.
+		for _, inst := range instances(s.dispatchers) {
+			key := exec.CommandContext(ctx, s.Bins.Berth, "dispatcher", "key", "--config", path)
+			key.Env = append(os.Environ(), "BERTH_INSTANCE="+inst)
+			pub, err := key.Output()
+			if err != nil {
+				s.t.Fatalf("berth dispatcher key (instance %s): %v", inst, err)
+			}
+			trusted, err := exec.CommandContext(ctx, s.Bins.Berth, append(argv, "trust", "add", strings.TrimSpace(string(pub)))...).CombinedOutput()
+			if err != nil {
+				s.t.Fatalf("berth trust add: %v\n%s", err, trusted)
+			}
+			out = append(out, trusted...)
 		}
-		trusted, err := exec.CommandContext(ctx, s.Bins.Berth, append(argv, "trust", "add", strings.TrimSpace(string(key)))...).CombinedOutput()
-		if err != nil {
-			s.t.Fatalf("berth trust add: %v\n%s", err, trusted)
-		}
-		out = append(out, trusted...)
 	}
 	return string(out)
+}
+
+// instances names n replicas of a service "1".."n": each dispatcher and
+// watchdog process runs as one (config instance), its consumer granted by
+// that name (berth nats-auth --instances).
+func instances(n int) []string {
+	out := make([]string, max(n, 1))
+	for i := range out {
+		out[i] = strconv.Itoa(i + 1)
+	}
+	return out
 }
 
 // startServices starts the dispatchers, the watchdogs and one agent per
@@ -267,12 +284,14 @@ func (s *System) startServices(o Options, dispAddrs []string) {
 	for i := range o.Dispatchers {
 		c := *s.Config
 		c.NATS.NKeyFile = s.seedFile(natsauth.RoleDispatcher)
+		c.Instance = strconv.Itoa(i + 1)
 		c.Dispatcher.Listen = dispAddrs[i]
 		s.Dispatchers = append(s.Dispatchers, s.service(o, fmt.Sprintf("dispatcher-%d", i), &c, "dispatcher"))
 	}
 	for i := range o.Watchdogs {
 		c := *s.Config
 		c.NATS.NKeyFile = s.seedFile(natsauth.RoleWatchdog)
+		c.Instance = strconv.Itoa(i + 1)
 		c.Watchdog.Listen = fmt.Sprintf("127.0.0.1:%d", freePort(s.t))
 		s.WatchdogURLs = append(s.WatchdogURLs, "http://"+c.Watchdog.Listen)
 		s.Watchdogs = append(s.Watchdogs, s.service(o, fmt.Sprintf("watchdog-%d", i), &c, "watchdog"))

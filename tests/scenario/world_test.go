@@ -195,7 +195,7 @@ func (w *world) follow() {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		_ = eventlog.Follow(ctx, js, []string{events.SubjectAll}, 1, ch)
+		_ = eventlog.Follow(ctx, js, "test-world-follow", []string{events.SubjectAll}, 1, ch)
 	}()
 	go func() {
 		defer wg.Done()

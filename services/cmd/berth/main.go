@@ -559,7 +559,7 @@ func releaseCmd(natsURL *string) *cobra.Command {
 }
 
 func natsAuthCmd() *cobra.Command {
-	var hosts []string
+	var hosts, instances []string
 	var out string
 	cmd := &cobra.Command{
 		Use:   "nats-auth",
@@ -569,18 +569,21 @@ func natsAuthCmd() *cobra.Command {
 			"dispatcher.nk, watchdog.nk, cli.nk, admin.nk, agent-HOST.nk for each host, sys.nk. Agents may\n" +
 			"publish only their own host's facts; the dispatcher no host facts; the watchdog no job facts;\n" +
 			"only admin (keep it with the operators) creates and updates the stream: berth stream apply.\n" +
+			"Each service reads the log only through its own consumer, granted by exact name: a dispatcher\n" +
+			"or watchdog replica's is berth-<service>-<instance>, so every replica runs with an instance name\n" +
+			"given to --instances (config instance, or BERTH_INSTANCE).\n" +
 			"Running it again makes new keys (rotation): restart NATS and the services after.",
 		Example: `  berth nats-auth --hosts mac-mini-01,linux-01 --out /etc/nats/berth
   # auth.conf beside nats-server.conf (nats-server reads include paths relative to its
   # config file), and in nats-server.conf: include auth.conf
-  # each service's config: nats: {nkey_file: /etc/berth/dispatcher.nk}
+  # each service's config: nats: {nkey_file: /etc/berth/dispatcher.nk}, instance: "1" (or 2, 3)
   nats --nkey /etc/nats/berth/sys.nk server report jetstream`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(hosts) == 0 {
 				return usageError{errors.New("--hosts is required: the agents' host names, comma-separated")}
 			}
-			a, err := natsauth.Generate(hosts)
+			a, err := natsauth.Generate(hosts, instances)
 			if err != nil {
 				return usageError{err}
 			}
@@ -596,14 +599,27 @@ func natsAuthCmd() *cobra.Command {
 				"reads include paths relative to its config file), restart it; run\n"+
 				"berth --nats-nkey %s stream apply --config berth.yaml, then\n"+
 				"berth --nats-nkey %s trust add $(berth dispatcher key --config berth.yaml);\n"+
-				"give each service its seed as nats.nkey_file (agents: agent-HOST.nk); tools: berth --nats-nkey %s status\n",
-				filepath.Join(out, "auth.conf"), filepath.Join(out, "admin.nk"), filepath.Join(out, "admin.nk"), filepath.Join(out, "cli.nk"))
+				"give each service its seed as nats.nkey_file (agents: agent-HOST.nk) and each dispatcher and\n"+
+				"watchdog replica one of the instance names %s (config instance or BERTH_INSTANCE);\n"+
+				"tools: berth --nats-nkey %s status\n",
+				filepath.Join(out, "auth.conf"), filepath.Join(out, "admin.nk"), filepath.Join(out, "admin.nk"),
+				strings.Join(instancesOr(instances), ", "), filepath.Join(out, "cli.nk"))
 			return nil
 		},
 	}
 	cmd.Flags().StringSliceVar(&hosts, "hosts", nil, "the agents' host names, comma-separated")
+	cmd.Flags().StringSliceVar(&instances, "instances", nil,
+		"the dispatcher and watchdog replicas' instance names, comma-separated (default "+strings.Join(natsauth.DefaultInstances, ",")+")")
 	cmd.Flags().StringVar(&out, "out", "nats-auth", "directory to write auth.conf and the seed files into")
 	return cmd
+}
+
+// instancesOr is the instances given, or natsauth's default.
+func instancesOr(in []string) []string {
+	if len(in) == 0 {
+		return natsauth.DefaultInstances
+	}
+	return in
 }
 
 func streamCmd(natsURL *string) *cobra.Command {

@@ -1,0 +1,118 @@
+package eventlog
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Reading without a consumer. Replays, `berth events` and `berth status`
+// read the log with batched direct gets: one request to
+// $JS.API.DIRECT.GET.<stream> with {"seq", "next_by_subj", "batch"} answers
+// up to a batch of stored messages, each with Nats-Sequence and
+// Nats-Subject headers, then an end-of-batch message (status 204 "EOB",
+// with Nats-Num-Pending). That is JetStream's batched direct get (ADR-31,
+// nats-server 2.11 and later; the stream allows direct gets). So a reader
+// of the whole log (the cli, the admin, a replay in a service) holds no
+// right to create, inspect, pull from or delete any consumer: those rights
+// are granted only by exact name to the services that own them (natsauth).
+
+// numPendingHeader: how many matching messages the stream holds after this
+// one (or, on the end of batch, after the batch).
+const numPendingHeader = "Nats-Num-Pending"
+
+// pageSize is how many facts one direct get asks for.
+const pageSize = 1000
+
+// pageTimeout bounds one page: the request and every message of its answer.
+const pageTimeout = 10 * time.Second
+
+// ErrDirectGet marks an answer of the server's direct get that is not a
+// stored message, an end of batch or "no message".
+var ErrDirectGet = errors.New("direct get refused")
+
+// directReq is JSApiMsgGetRequest's batched form (nats-server
+// server/jetstream_api.go).
+type directReq struct {
+	Seq     uint64 `json:"seq"`
+	NextFor string `json:"next_by_subj"`
+	Batch   int    `json:"batch"`
+}
+
+// page is one batched direct get: the facts matching filter from seq on
+// (at most pageSize), and how many more the stream holds after them.
+func page(ctx context.Context, nc *nats.Conn, stream, filter string, seq uint64) ([]Delivered, uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, pageTimeout)
+	defer cancel()
+	inbox := nc.NewInbox() // under the role's own inbox prefix
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = sub.SetPendingLimits(-1, -1) // a page is bounded by pageSize; never drop part of it
+	body, _ := json.Marshal(directReq{Seq: max(seq, 1), NextFor: filter, Batch: pageSize})
+	if err := nc.PublishRequest("$JS.API.DIRECT.GET."+stream, inbox, body); err != nil {
+		return nil, 0, err
+	}
+	var out []Delivered
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return nil, 0, fmt.Errorf("direct get of %s from seq %d: %w", stream, seq, err)
+		}
+		switch status := m.Header.Get("Status"); status {
+		case "":
+		case "204": // end of batch
+			pending, _ := strconv.ParseUint(m.Header.Get(numPendingHeader), 10, 64)
+			return out, pending, nil
+		case "404": // nothing stored at or after seq
+			return out, 0, nil
+		default:
+			return nil, 0, fmt.Errorf("%w: %s %s (seq %d, filter %s)", ErrDirectGet, status, m.Header.Get("Description"), seq, filter)
+		}
+		s, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+		if err != nil {
+			return nil, 0, fmt.Errorf("%w: an answer without %s", ErrDirectGet, jetstream.SequenceHeader)
+		}
+		ev, derr := events.Unmarshal(m.Data, s)
+		ev.Seq, ev.Subject = s, m.Header.Get(jetstream.SubjectHeader) // the stored subject is authoritative
+		pending, _ := strconv.ParseUint(m.Header.Get(numPendingHeader), 10, 64)
+		out = append(out, Delivered{Event: ev, Pending: pending, Err: derr})
+	}
+}
+
+// Scan calls fn, in log order, for every stored fact matching filter (one
+// subject, wildcards allowed) from sequence from through upTo (0: up to
+// what is stored when the last page is asked). It returns the sequence to
+// scan from next time (after the last fact it read, or from itself when it
+// read none) and fn's first error. No consumer is made: see the top of
+// this file.
+func Scan(ctx context.Context, js jetstream.JetStream, filter string, from, upTo uint64, fn func(Delivered) error) (uint64, error) {
+	next := max(from, 1)
+	for {
+		ds, pending, err := page(ctx, js.Conn(), events.StreamName, filter, next)
+		if err != nil {
+			return next, err
+		}
+		for _, d := range ds {
+			if upTo > 0 && d.Event.Seq > upTo {
+				return next, nil
+			}
+			if err := fn(d); err != nil {
+				return next, err
+			}
+			next = d.Event.Seq + 1
+		}
+		if pending == 0 || len(ds) == 0 || (upTo > 0 && next > upTo) {
+			return next, nil
+		}
+	}
+}

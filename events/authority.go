@@ -147,3 +147,44 @@ func AuthorOf(subject string) Role {
 	}
 	return ""
 }
+
+// Admit is Authorize and what the fold f must confirm besides (law 10): a
+// fact on an attempt's subject speaks only for an attempt booked or placed
+// on the host its subject names. The subject confirms a host and an
+// attempt id, but attempts are keyed by id: without this, an agent could
+// write, on its own subject, a failure or a stop of another host's attempt
+// (the same id with its own host) and have its slot released and its VM
+// forgotten. So an attempt fact is refused when the fold holds the attempt
+// on another host, and, unless the dispatcher (which books and places)
+// wrote it, when no booking or placement of the attempt is in the fold:
+// an agent cannot claim a future attempt id before it is booked. Services
+// and replays admit with their own fold, in log order, so they agree.
+func Admit(f *Fleet, e Event) (Role, error) {
+	role, err := Authorize(e)
+	if err != nil || f == nil {
+		return role, err
+	}
+	host, id, ok := attemptOf(e.Data.EventSubject())
+	if !ok {
+		return role, nil
+	}
+	a := f.Attempts[id]
+	switch {
+	case a != nil && a.Host != "" && a.Host != host:
+		return "", fmt.Errorf("%w: %s about attempt %s on %s's subject, but the attempt is on host %s", ErrForged, e.Data.EventType(), id, host, a.Host)
+	case role != RoleDispatcher && (a == nil || !(a.Reserved || a.Placed)):
+		return "", fmt.Errorf("%w: %s about attempt %s, which no booking or placement in the log names", ErrForged, e.Data.EventType(), id)
+	}
+	return role, nil
+}
+
+// attemptOf is the host and attempt id of an attempt's subject
+// (AttemptSubject).
+func attemptOf(subject string) (host, attempt string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, SubjectPrefix+".attempt.")
+	if !ok {
+		return "", "", false
+	}
+	host, attempt, ok = strings.Cut(rest, ".")
+	return host, attempt, ok && !strings.Contains(attempt, ".")
+}

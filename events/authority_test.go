@@ -75,3 +75,53 @@ func TestAggregateFilterCoversEveryAuthor(t *testing.T) {
 		}
 	}
 }
+
+// Issue 16, found by an attack with host-a's key: the subject of an attempt
+// fact confirms a host and an attempt id, and Authorize checks no more; the
+// fold keys attempts by id. Given berth-7-1 booked and placed on host-b,
+// when host-a's agent writes, on its own subject, berth-7-1 failed or
+// stopped (naming itself as the host), then Admit refuses it; host-b's own
+// agent's fact is admitted; and an agent's fact about an attempt no
+// booking names (a future id taken first) is refused, while the
+// dispatcher's booking of a new attempt is admitted.
+func TestAdmitRefusesAFactOnAnotherHostsAttempt(t *testing.T) {
+	at := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	f := events.NewFleet()
+	onB := events.AttemptRef{Attempt: "berth-7-1", Pool: "linux", Host: "host-b"}
+	seq := uint64(0)
+	apply := func(role events.Role, p events.Payload) {
+		seq++
+		e := events.NewBy("test", role, at, p)
+		e.Seq, e.Subject = seq, events.SubjectBy(p, role)
+		if _, err := events.Admit(f, e); err != nil {
+			t.Fatalf("setting up: %v", err)
+		}
+		f.Apply(e)
+	}
+	apply(events.RoleDispatcher, &events.SlotReserved{Pool: "linux", Host: "host-b", Attempt: "berth-7-1", JobID: 7, N: 1})
+	apply(events.RoleDispatcher, &events.AttemptPlaced{AttemptRef: onB, JobID: 7})
+
+	admit := func(role events.Role, p events.Payload) error {
+		e := events.NewBy("test", role, at, p)
+		e.Seq, e.Subject = seq+1, events.SubjectBy(p, role)
+		_, err := events.Admit(f, e)
+		return err
+	}
+	asA := events.AttemptRef{Attempt: "berth-7-1", Pool: "linux", Host: "host-a"}
+	for name, p := range map[string]events.Payload{
+		"host-b's attempt failed, said by host-a":  &events.AttemptFailed{AttemptRef: asA, Step: "drain", Culprit: "job"},
+		"host-b's attempt stopped, said by host-a": &events.AttemptStopped{AttemptRef: asA},
+		"a future attempt id, claimed by host-a": &events.AttemptFailed{AttemptRef: events.AttemptRef{Attempt: "berth-8-1",
+			Pool: "linux", Host: "host-a"}, Step: "create"},
+	} {
+		if err := admit(events.RoleAgent, p); !errors.Is(err, events.ErrForged) {
+			t.Errorf("%s: %v, want refused as forged", name, err)
+		}
+	}
+	if err := admit(events.RoleAgent, &events.AttemptStopped{AttemptRef: onB}); err != nil {
+		t.Errorf("host-b's own stop of its attempt: %v", err)
+	}
+	if err := admit(events.RoleDispatcher, &events.AttemptPlaced{AttemptRef: events.AttemptRef{Attempt: "berth-8-1", Pool: "linux", Host: "host-a"}, JobID: 8}); err != nil {
+		t.Errorf("the dispatcher placing a new attempt: %v", err)
+	}
+}

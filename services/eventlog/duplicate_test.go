@@ -2,12 +2,14 @@ package eventlog_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/clock"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -157,5 +159,98 @@ func TestJudgeDuplicate(t *testing.T) {
 	}
 	if v, _ := eventlog.JudgeDuplicate(ours, events.Event{Seq: 3}, events.ErrMalformed); v != eventlog.DupTaken {
 		t.Fatalf("unreadable bytes judged %v", v)
+	}
+}
+
+// Issue 16, found by an attack with an agent's key: JetStream deduplicates
+// Nats-Msg-Id across the whole stream, so any writer can publish on its
+// own subject with the header set to the id a dispatcher's release will
+// use (MsgID: subject|id, both predictable), and to every retake it can
+// predict. Given the release's id and the retakes id#<seq> of each decoy's
+// own seq taken that way, when the shell appends the release, then it is
+// stored in one retake under an id nobody could predict, the slot is
+// released once, and the mismatch is counted.
+func TestAReleaseWhoseIdsAnotherWriterTookIsStoredAtOnce(t *testing.T) {
+	const attempt = "berth-1-1"
+	s, js, _ := shellOn(t)
+	ctx := context.Background()
+	s.Log.Role = events.RoleDispatcher
+	if err := s.Append(ctx, events.SlotReserved{Pool: "linux", Host: "h", Attempt: attempt, JobID: 1, N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ours := events.NewBy("test", events.RoleDispatcher, clock.Real.Now(),
+		events.SlotReleased{Pool: "linux", Host: "h", Attempt: attempt, Reason: events.ReleaseCompleted, JobID: 1})
+	ours.Subject = events.SubjectBy(ours.Data, events.RoleDispatcher)
+	// The decoys: an agent's harmless fact on its own subject, under our ids.
+	decoy := events.NewBy("berth/vmagent/h", events.RoleAgent, clock.Real.Now(),
+		events.HostDraining{HostChange: events.HostChange{Host: "h"}})
+	decoy.Subject = events.SubjectBy(decoy.Data, events.RoleAgent)
+	body, err := events.Marshal(decoy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := eventlog.MsgID(ours)
+	for i := 0; i < 4; i++ {
+		ack, err := js.PublishMsg(ctx, &nats.Msg{Subject: decoy.Subject, Data: body, Header: nats.Header{"Nats-Msg-Id": []string{id}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id = eventlog.MsgID(ours) + "#" + strconv.FormatUint(ack.Sequence, 10) // the retake an attacker could predict
+	}
+	s.Execute(ctx, events.Plan{events.Fact(ours.Data)}, nil)
+	fold, log := foldAdmitted(t, js, nil)
+	if a := fold.Attempts[attempt]; a == nil || a.Held() || a.Releases() != 1 {
+		t.Fatalf("attempt %+v, want released exactly once", a)
+	}
+	if s.MismatchedTotal() != 1 {
+		t.Errorf("mismatches %d, want 1", s.MismatchedTotal())
+	}
+	for _, e := range log {
+		if r, ok := e.Data.(*events.SlotReleased); ok && r.Attempt == attempt && !strings.HasPrefix(e.ID, ours.ID+"#") {
+			t.Errorf("the release was stored under %s, not a retaken id", e.ID)
+		}
+	}
+}
+
+// The same for an agent, which may not read the log by sequence (only its
+// own subjects): given another writer holding the id of the agent's next
+// fact on a subject the agent cannot read, when the agent appends it, then
+// the duplicate answer is not taken for its own (the stored fact is not the
+// last on its subject) and the fact is stored under a fresh id; a retried
+// publish of a fact it did store still stores nothing more.
+func TestAnAgentsFactWhoseIdIsTakenElsewhereIsStored(t *testing.T) {
+	s, js, _ := shellOn(t)
+	ctx := context.Background()
+	s.Log.Role, s.Log.NoReadBack = events.RoleAgent, true
+	ref := events.AttemptRef{Attempt: "berth-2-1", Pool: "linux", Host: "host-b"}
+	ours := events.NewBy("test", events.RoleAgent, clock.Real.Now(), &events.AttemptStopped{AttemptRef: ref})
+	ours.Subject = events.SubjectBy(ours.Data, events.RoleAgent)
+	decoy := events.NewBy("berth/vmagent/host-a", events.RoleAgent, clock.Real.Now(),
+		&events.HostDraining{HostChange: events.HostChange{Host: "host-a"}})
+	decoy.Subject = events.SubjectBy(decoy.Data, events.RoleAgent)
+	body, err := events.Marshal(decoy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: decoy.Subject, Data: body,
+		Header: nats.Header{"Nats-Msg-Id": []string{eventlog.MsgID(ours)}}}); err != nil {
+		t.Fatal(err)
+	}
+	before := stored(t, js)
+	if err := s.Append(ctx, ours.Data); err != nil {
+		t.Fatal(err)
+	}
+	if after := stored(t, js); after != before+1 {
+		t.Fatalf("the agent's stop stored %d facts, want 1 under a fresh id", after-before)
+	}
+	if s.MismatchedTotal() != 1 {
+		t.Errorf("mismatches %d, want 1", s.MismatchedTotal())
+	}
+	s.Forget(ours.Data.EventID())
+	if err := s.Append(ctx, ours.Data); err != nil {
+		t.Fatal(err)
+	}
+	if after := stored(t, js); after != before+1 {
+		t.Errorf("a retried stop stored %d more facts, want none", after-before-1)
 	}
 }

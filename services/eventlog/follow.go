@@ -140,7 +140,7 @@ func ReplayTo(ctx context.Context, js jetstream.JetStream, upto uint64, until ti
 // subject does not confirm is refused, as every service's shell refuses
 // it, so a replay equals the services' folds (law 10).
 func foldSafely(f *events.Fleet, e events.Event) (err error) {
-	if _, err := events.Authorize(e); err != nil {
+	if _, err := events.Admit(f, e); err != nil {
 		return err
 	}
 	defer func() {

@@ -208,7 +208,7 @@ func foldScan(ctx context.Context, scan func(context.Context, uint64, uint64, fu
 			// A fact its subject does not confirm is refused here as in
 			// every service's shell (law 10): `berth status` and `berth
 			// replay` never show what a forger wrote.
-			_, derr = events.Authorize(ev)
+			_, derr = events.Admit(f, ev)
 		}
 		if derr != nil || foldSafely(f, ev) != nil {
 			f.Skip(seq, ev.Subject)

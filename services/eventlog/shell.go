@@ -2,6 +2,10 @@ package eventlog
 
 import (
 	"context"
+	"crypto/hmac"
+	cryptorand "crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,6 +38,9 @@ type Shell struct {
 	Logger *slog.Logger
 	// Fold is the service's projection of the log.
 	Fold *events.Fleet
+	// secret keys the ids of retaken facts (retakenID): random per
+	// process, so no other writer can predict them.
+	secret [16]byte
 	// InFlightFor bounds how long an appended fact counts as on its way;
 	// 0 means DefaultInFlightFor.
 	InFlightFor time.Duration
@@ -70,8 +77,10 @@ func NewShell(loop *Loop, app *Appender, clk clock.Clock, logger *slog.Logger) *
 	if loop != nil && loop.Clock == nil {
 		loop.Clock = clk
 	}
-	return &Shell{Loop: loop, Log: app, Clock: clk, Logger: logger, Fold: events.NewFleet(),
+	sh := &Shell{Loop: loop, Log: app, Clock: clk, Logger: logger, Fold: events.NewFleet(),
 		inflight: map[string]time.Time{}, keyOf: map[string]string{}}
+	_, _ = cryptorand.Read(sh.secret[:])
+	return sh
 }
 
 // Now is the shell's clock's time.
@@ -79,12 +88,13 @@ func (s *Shell) Now() time.Time { return s.Clock.Now() }
 
 // Admit confirms a decoded delivery before anything reads it: its stored
 // subject must be the one its payload implies, written by a role allowed
-// to write its type (events.Authorize). A fact that fails is refused.
+// to write its type, and an attempt's fact must stand on the host the fold
+// holds the attempt on (events.Admit). A fact that fails is refused.
 func (s *Shell) Admit(d Delivered) error {
 	if d.Err != nil {
 		return d.Err
 	}
-	_, err := events.Authorize(d.Event)
+	_, err := events.Admit(s.Fold, d.Event)
 	return err
 }
 
@@ -312,17 +322,31 @@ const maxRetakes = 3
 // ErrIDTaken: every id a step tried this round held another fact.
 var ErrIDTaken = errors.New("the fact's id holds another fact")
 
-// RetakenID is the id a fact is appended under when its own id holds
-// another fact, stored at seq: id + "#" + seq. It is deterministic (the
-// duplicate's ack names the same seq to every retry and every replica), so
-// a retried or a racing append of it is deduplicated by the server in turn.
-func RetakenID(id string, seq uint64) string { return id + "#" + strconv.FormatUint(seq, 10) }
+// retakenID is the id a fact is appended under when its own id holds
+// another fact, stored at seq: id + "#" + seq + "." + a keyed hash of both
+// under this shell's secret. The first id of a fact is deterministic (a
+// publish retried after a crash is deduplicated by the server), so another
+// role can take it first by storing anything under it on its own subject:
+// JetStream deduplicates Nats-Msg-Id across the whole stream. With a
+// predictable retake (id#seq, the seq of its own decoy) it could take the
+// whole chain and hold a release until the duplicate window ran out; this
+// one it cannot predict. It is the same for every retry within this
+// process, so those are still deduplicated; another replica retakes under
+// its own, and the slot ledger's expected-sequence check refuses the second
+// booking or release (every other fact folds idempotently).
+func (s *Shell) retakenID(id string, seq uint64) string {
+	m := hmac.New(sha256.New, s.secret[:])
+	m.Write([]byte(id))
+	m.Write([]byte{0})
+	m.Write([]byte(strconv.FormatUint(seq, 10)))
+	return id + "#" + strconv.FormatUint(seq, 10) + "." + hex.EncodeToString(m.Sum(nil)[:8])
+}
 
 // store appends ev, and reads a duplicate answer back: stored means read
 // back (issue 17). A duplicate that is ours (a retried publish) or another
 // author's version of the same transition stands. One whose id holds
 // something else (DupTaken) is counted, logged with what differs, and ev
-// is appended again under RetakenID, now: a release whose id was taken
+// is appended again under a fresh id (retakenID), now: a release whose id was taken
 // would otherwise hold its slot until the duplicate window ran out.
 //
 // A fresh id is safe for every fact, because no fold keys a fact by its
@@ -342,12 +366,18 @@ func (s *Shell) store(ctx context.Context, ev events.Event, expect *uint64) (eve
 		}
 		stored, rerr := s.Log.ReadBack(ctx, seq)
 		if errors.Is(rerr, ErrNoReadBack) {
-			return ev, seq, true, nil
+			// An agent reads only its own subjects: what it cannot read
+			// there is another writer's, holding our id (issue 16).
+			stored, rerr = s.Log.ReadBackOwn(ctx, ev.Subject, seq)
 		}
-		if stored.Data == nil && rerr != nil && !errors.Is(rerr, events.ErrUnknownType) && !errors.Is(rerr, events.ErrMalformed) {
+		held := errors.Is(rerr, ErrHeldElsewhere)
+		if !held && stored.Data == nil && rerr != nil && !errors.Is(rerr, events.ErrUnknownType) && !errors.Is(rerr, events.ErrMalformed) {
 			return ev, 0, false, fmt.Errorf("duplicate of %s not read back: %w", ev.ID, rerr)
 		}
 		verdict, diff := JudgeDuplicate(ev, stored, rerr)
+		if held {
+			verdict, diff = DupTaken, rerr.Error()
+		}
 		if verdict != DupTaken {
 			if verdict == DupStands {
 				s.Logger.Debug("duplicate: another author stored this transition", "event", ev.ID, "seq", seq, "differs", diff)
@@ -361,7 +391,7 @@ func (s *Shell) store(ctx context.Context, ev events.Event, expect *uint64) (eve
 		if try == maxRetakes {
 			return ev, 0, false, fmt.Errorf("%w: %s (last at seq %d)", ErrIDTaken, base, seq)
 		}
-		fresh := RetakenID(base, seq)
+		fresh := s.retakenID(base, seq)
 		s.Logger.Warn("duplicate answer, but another fact holds the id; appending under a fresh id",
 			"event", ev.ID, "seq", seq, "type", ev.Type(), "differs", diff, "fresh", fresh)
 		ev.ID = fresh

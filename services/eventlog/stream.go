@@ -303,6 +303,40 @@ func (a *Appender) ReadBack(ctx context.Context, seq uint64) (events.Event, erro
 	return ev, err
 }
 
+// ErrHeldElsewhere: the fact stored under an id is not on the subject the
+// appender wrote it to (ReadBackOwn), so it is not the appender's own.
+var ErrHeldElsewhere = errors.New("the id is held by a fact on another subject")
+
+// ReadBackOwn is ReadBack for a credential that may read only its own
+// subjects (an agent): it reads the last fact on subject, where the
+// appender stored the fact the duplicate answer names, and returns it when
+// it is the one at seq. Otherwise the id is held by a fact elsewhere, which
+// cannot be the appender's own (ErrHeldElsewhere): another writer took the
+// id first. A retried publish whose first try was stored is the last fact
+// on its subject, since the appender appends one fact at a time there.
+func (a *Appender) ReadBackOwn(ctx context.Context, subject string, seq uint64) (events.Event, error) {
+	timeout := a.Timeout
+	if timeout == 0 {
+		timeout = 5 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	s, err := a.JS.Stream(ctx, events.StreamName)
+	if err != nil {
+		return events.Event{}, fmt.Errorf("read back seq %d: %w", seq, err)
+	}
+	m, err := s.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && m.Sequence != seq) {
+		return events.Event{}, fmt.Errorf("%w: seq %d is not the last fact on %s", ErrHeldElsewhere, seq, subject)
+	}
+	if err != nil {
+		return events.Event{}, fmt.Errorf("read back seq %d: %w", seq, err)
+	}
+	ev, err := events.Unmarshal(m.Data, m.Sequence)
+	ev.Seq, ev.Subject = m.Sequence, m.Subject
+	return ev, err
+}
+
 // JudgeDuplicate compares ours with the fact stored under its id (read
 // back, with its decoding error) and says what the duplicate is, and what
 // differs (empty when nothing does). It is pure.

@@ -219,13 +219,14 @@ func heartbeatWatch() []string {
 }
 
 // readerAPI is the JetStream API of a role that reads the whole log: the
-// stream's info (never its create or update), direct gets on it (single,
-// and batched: eventlog.Scan reads the log with them, no consumer needed),
+// stream's info (never its create or update), message gets (`nats stream
+// get`) and direct gets on it (single, and batched: eventlog.Scan reads the
+// log with them, no consumer needed),
 // and every bucket's info and direct gets. No consumer: a role's own are
 // granted by name (ownConsumer).
 func readerAPI() []string {
 	const api, log = "$JS.API.", events.StreamName
-	out := []string{api + "INFO", api + "STREAM.INFO." + log, api + "DIRECT.GET." + log, api + "DIRECT.GET." + log + ".>"}
+	out := []string{api + "INFO", api + "STREAM.INFO." + log, api + "STREAM.MSG.GET." + log, api + "DIRECT.GET." + log, api + "DIRECT.GET." + log + ".>"}
 	for _, b := range buckets {
 		out = append(out, api+"STREAM.INFO.KV_"+b, api+"DIRECT.GET.KV_"+b+".>")
 	}

@@ -306,7 +306,7 @@ func loopHealthy(l *eventlog.Loop) (bool, map[string]any) {
 	st := l.Stats()
 	return ok, map[string]any{"caught_up": l.CaughtUp(), "last_seq": l.LastSeq(), "loop_idle_seconds": stale.Seconds(),
 		"stuck": stuck, "undelivered": pending,
-		"parked_events": st.Parked, "refused_facts": st.Refused, "consumer_recreated": st.Recreated, "log_truncated": l.Truncated()}
+		"parked_events": st.Parked, "refused_facts": st.Refused, "ids_taken": st.Mismatched, "consumer_recreated": st.Recreated, "log_truncated": l.Truncated()}
 }
 
 // statusHandler serves the live projection's status (GET /status), the

@@ -195,7 +195,7 @@ func TestEveryRoleIsRefusedWhatLaw10Forbids(t *testing.T) {
 	}
 	t.Parallel()
 	sys := Start(t, Options{Auth: true})
-	for range 3 {
+	for range 6 {
 		sys.Sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted", "linux"}, Duration: 100 * time.Millisecond})
 	}
 	sys.AwaitQuiet(60*time.Second, nil)
@@ -227,7 +227,7 @@ func TestEveryRoleIsRefusedWhatLaw10Forbids(t *testing.T) {
 	}
 	refusedBefore := refusedFacts(t, sys)
 	creates := createCalls(t, sys)
-	stored := forgeAll(t, sys, ctx)
+	stored := forgeAll(t, sys, ctx, before, attemptOn(t, before, "host-b"))
 	if len(stored) == 0 {
 		t.Fatal("no forged fact reached the log: the shell's half of the suite checked nothing")
 	}
@@ -260,13 +260,17 @@ func TestEveryRoleIsRefusedWhatLaw10Forbids(t *testing.T) {
 
 // forgeAll publishes, as each attacker, every forgery on the subjects it
 // may write, and returns the ids of those the log stored.
-func forgeAll(t *testing.T, sys *System, ctx context.Context) []string {
+func forgeAll(t *testing.T, sys *System, ctx context.Context, fold *events.Fleet, hostB string) []string {
 	t.Helper()
 	var ids []string
 	n := 0
 	for _, role := range attackers {
 		nc, _ := roleConn(t, sys, role)
-		for _, f := range forgeries(role) {
+		fs := forgeries(role)
+		if role == natsauth.AgentRole("host-a") {
+			fs = append(fs, crossHost(hostB)...)
+		}
+		for _, f := range fs {
 			n++
 			f.ev.ID = fmt.Sprintf("forged-%s-%d", role, n)
 			b, err := events.Marshal(f.ev)
@@ -307,8 +311,8 @@ func forgeAll(t *testing.T, sys *System, ctx context.Context) []string {
 	if _, err := eventlog.Scan(ctx, sys.JetStream(), events.SubjectAll, 1, last, func(d eventlog.Delivered) error {
 		ev := d.Event
 		if d.Err == nil && strings.HasPrefix(ev.ID, "forged-") {
-			if _, err := events.Authorize(ev); err == nil {
-				t.Errorf("forgery %s (%s on %s) passes events.Authorize: the suite built a legitimate fact", ev.ID, ev.Type(), ev.Subject)
+			if _, err := events.Admit(fold, ev); err == nil {
+				t.Errorf("forgery %s (%s on %s) passes events.Admit: the suite built a legitimate fact", ev.ID, ev.Type(), ev.Subject)
 			}
 			stored = append(stored, ev.ID)
 		}
@@ -356,6 +360,47 @@ func forgeries(role string) []forgery {
 		}
 	}
 	return out
+}
+
+// crossHost is what host-a's agent writes, on its own attempt subjects and
+// truthfully as to its own host, about an attempt booked on host-b
+// (hostB), and about an attempt nobody booked: every agent fact type on an
+// attempt. Each passes events.Authorize (its subject confirms host-a and
+// the id); only the fold knows the id is host-b's or nobody's, and must
+// refuse it (else host-a could fail or stop host-b's attempts and have
+// their slots released, or claim a future attempt id first).
+func crossHost(hostB string) []forgery {
+	var out []forgery
+	for typ := range events.Types() {
+		if !slices.Contains(events.Authors(typ), events.RoleAgent) {
+			continue
+		}
+		for _, id := range []string{hostB, "berth-999002-1"} {
+			p := events.Types()[typ]
+			b, _ := json.Marshal(map[string]any{"attempt": id, "host": "host-a", "pool": "linux", "step": "drain",
+				"culprit": "job", "job_id": 999002})
+			_ = json.Unmarshal(b, p)
+			if !strings.HasPrefix(p.EventSubject(), events.AttemptSubject("host-a", id)) {
+				continue // not an attempt fact
+			}
+			ev := events.NewBy("berth/attack/agent-host-a", events.RoleAgent, time.Now(), p)
+			ev.Subject = events.SubjectBy(p, events.RoleAgent)
+			out = append(out, forgery{ev})
+		}
+	}
+	return out
+}
+
+// attemptOn is an attempt the fold holds on host, for crossHost.
+func attemptOn(t *testing.T, f *events.Fleet, host string) string {
+	t.Helper()
+	for id, a := range f.Attempts {
+		if a.Host == host && a.Placed {
+			return id
+		}
+	}
+	t.Fatalf("no attempt was placed on %s: the cross-host forgeries would test nothing", host)
+	return ""
 }
 
 // payload is a fact of type typ about host and pool (and job 999001, its

@@ -598,7 +598,7 @@ func natsAuthCmd() *cobra.Command {
 			fmt.Fprintf(w, "next: put %s beside nats-server.conf and add `include auth.conf` to it (nats-server\n"+
 				"reads include paths relative to its config file), restart it; run\n"+
 				"berth --nats-nkey %s stream apply --config berth.yaml, then\n"+
-				"berth --nats-nkey %s trust add $(berth dispatcher key --config berth.yaml);\n"+
+				"for each dispatcher instance I: berth --nats-nkey %s trust add $(berth dispatcher key --instance I --config berth.yaml);\n"+
 				"give each service its seed as nats.nkey_file (agents: agent-HOST.nk) and each dispatcher and\n"+
 				"watchdog replica one of the instance names %s (config instance or BERTH_INSTANCE);\n"+
 				"tools: berth --nats-nkey %s status\n",

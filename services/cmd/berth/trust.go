@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/berth-ci/berth/services/run"
@@ -55,17 +56,28 @@ func trustCmd(natsURL *string) *cobra.Command {
 // need be, so the admin can trust it before the dispatcher ever starts:
 // berth trust add $(berth dispatcher key --config berth.yaml).
 func dispatcherKeyCmd() *cobra.Command {
-	var cfgPath string
+	var cfgPath, inst string
 	cmd := &cobra.Command{
 		Use:   "key",
-		Short: "Print this dispatcher's sealing key (made now if it has none), for `berth trust add`",
-		Args:  exactArgs(0),
+		Short: "Print a dispatcher instance's sealing key (made now if it has none), for `berth trust add`",
+		Long: "key prints the sealing key of the dispatcher instance named by --instance (else the config's\n" +
+			"instance, else BERTH_INSTANCE, else the host name): each instance seals with its own key, kept\n" +
+			"under <data_dir>/dispatcher/<instance>/, so trust each instance's.",
+		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := loadConfig(cfgPath)
 			if err != nil {
 				return err
 			}
-			kp, err := sealing.LoadKey(run.DispatcherKeyFile(c))
+			if inst != "" {
+				c.Instance = inst
+				if err := c.Validate(); err != nil {
+					return usageError{err}
+				}
+			}
+			file := run.DispatcherKeyFile(c)
+			fmt.Fprintln(cmd.ErrOrStderr(), "sealing key of dispatcher instance", filepath.Base(filepath.Dir(file)), "("+file+")")
+			kp, err := sealing.LoadKey(file)
 			if err != nil {
 				return err
 			}
@@ -75,5 +87,6 @@ func dispatcherKeyCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "/etc/berth/berth.yaml", "config file")
+	cmd.Flags().StringVar(&inst, "instance", "", "the dispatcher instance whose key to print (default: the config's instance, BERTH_INSTANCE, the host name)")
 	return cmd
 }

@@ -150,7 +150,11 @@ func (f *Fleet) Apply(e Event) {
 			h.Boot, h.PhysicalCap, h.CurveKey, h.Backend, h.Assign = d.Boot, d.PhysicalCap, d.CurveKey, d.Backend, d.Assign
 			h.Pools = map[string]PoolSlots{}
 			for name, ps := range d.Pools {
-				h.Pools[name] = PoolSlots{Labels: NormalizeLabels(ps.Labels), Slots: ps.Slots}
+				h.Pools[name] = PoolSlots{Labels: NormalizeLabels(ps.Labels), Slots: ps.Slots, Shape: ps.Shape.clone()}
+			}
+			h.Resources = Resources{}
+			if d.Resources != nil {
+				h.Resources = *d.Resources
 			}
 		}
 		f.hostState(h, e, HostStateOnline)

@@ -193,6 +193,9 @@ func (f *Fleet) count(c contribution, pool, host string, job int64, d int) {
 		h := f.host(host)
 		if c.booked {
 			h.Booked += d
+			if pool != "" {
+				h.BookedIn[pool] += d
+			}
 		}
 		if c.live {
 			h.LiveVMs += d

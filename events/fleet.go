@@ -99,6 +99,8 @@ type Host struct {
 	LiveVMs      int            // VMs that exist (provisioning … stopped), abandoned ones included
 	AbandonedVMs int            // abandoned and not yet seen stopped
 	Booked       int            // attempts holding a slot or a VM: what physical placement must count
+	BookedIn     map[string]int // pool → its booked attempts: what the shapes' resources count (HostFits)
+	Resources    Resources      // what its VMs' shapes share (HostOnline.Resources)
 	OnlineAt     time.Time      // the time on the advertisement stored last (display only)
 	// Health is what the log says about its recent placements (law 11):
 	// failures charged to it, successes, and a degradation.
@@ -216,7 +218,7 @@ func (f *Fleet) job(id int64) *Job {
 func (f *Fleet) host(name string) *Host {
 	h, ok := f.Hosts[name]
 	if !ok {
-		h = &Host{Name: name, Held: map[string]int{}, Pools: map[string]PoolSlots{}}
+		h = &Host{Name: name, Held: map[string]int{}, BookedIn: map[string]int{}, Pools: map[string]PoolSlots{}}
 		f.Hosts[name] = h
 	}
 	return h

@@ -10,6 +10,9 @@ import (
 type PoolSlots struct {
 	Labels []string `json:"labels"`
 	Slots  int      `json:"slots"`
+	// Shape is the machine the pool's VMs get (shape.go); nil: the
+	// backend's own.
+	Shape *Shape `json:"shape,omitempty"`
 }
 
 // HostOnline: an agent started and advertises its pools, slots, physical VM
@@ -26,8 +29,11 @@ type HostOnline struct {
 	Backend     string               `json:"backend"`
 	// Assign: the backend can boot a VM without a JIT config and hand it
 	// one later, so the host can keep warm VMs (issue 8).
-	Assign bool      `json:"assign,omitempty"`
-	At     time.Time `json:"at"`
+	Assign bool `json:"assign,omitempty"`
+	// Resources the host's VMs share, counted by their pools' shapes
+	// (HostFits); nil: only PhysicalCap counts.
+	Resources *Resources `json:"resources,omitempty"`
+	At        time.Time  `json:"at"`
 }
 
 func (HostOnline) EventType() string      { return TypeHostOnline }

@@ -11,7 +11,9 @@ import (
 
 // SnapshotVersion is the shape of MarshalSnapshot's output. A reader that
 // meets another version ignores the snapshot and replays the whole log.
-const SnapshotVersion = 1
+// 2: hosts count their booked VMs per pool (Host.BookedIn, machine shapes),
+// which a version 1 snapshot lacks.
+const SnapshotVersion = 2
 
 // Snapshot shapes: the fold's state, unexported fields included, with every
 // collection sorted so equal folds give equal bytes.
@@ -127,6 +129,9 @@ func UnmarshalSnapshot(b []byte) (*Fleet, error) {
 		}
 		if h.Held == nil {
 			h.Held = map[string]int{}
+		}
+		if h.BookedIn == nil {
+			h.BookedIn = map[string]int{}
 		}
 		f.Hosts[h.Name] = h
 	}

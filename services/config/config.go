@@ -221,12 +221,19 @@ type Agent struct {
 	// attempt owns may stay before it is stopped (0: 2 min).
 	InventoryEvery time.Duration `yaml:"inventory_every"`
 	OrphanGrace    time.Duration `yaml:"orphan_grace"`
+	// Resources the host's VMs share, counted by their pools' machine
+	// shapes at placement (shapes.go); unset: only physical_cap counts.
+	Resources Resources `yaml:"resources"`
 }
 
-// Pool is what a host offers one pool.
+// Pool is what a host offers one pool: runner labels, slots, the machine
+// its VMs get, and named machine shapes a job's labels may select
+// (shapes.go).
 type Pool struct {
-	Labels []string `yaml:"labels"`
-	Slots  int      `yaml:"slots"`
+	Labels  []string `yaml:"labels"`
+	Slots   int      `yaml:"slots"`
+	Machine `yaml:",inline"`
+	Shapes  map[string]Shape `yaml:"shapes"`
 }
 
 // Load reads, defaults and validates a file. Its mistakes are *Error
@@ -320,7 +327,7 @@ func (c *Config) Defaults() {
 		or(&a.Heartbeat, 5*time.Second)
 		or(&a.ShutdownTimeout, 10*time.Minute)
 		if a.PhysicalCap == 0 {
-			for _, p := range a.Pools {
+			for _, p := range a.AdvertisedPools() { // shapes are pools of their own
 				a.PhysicalCap += p.Slots
 			}
 		}
@@ -408,6 +415,7 @@ func (c *Config) validateAgents(bad func(string, ...any)) {
 				bad("agents[%d].pools.%s: needs slots >= 1 and at least one label", i, name)
 			}
 		}
+		validateShapes(fmt.Sprintf("agents[%d]", i), a, bad)
 		a.Backend.validate(fmt.Sprintf("agents[%d].backend", i), c.BackendHost(a), backend.Report(bad))
 	}
 }

@@ -275,6 +275,8 @@ func (pl *planner) countDemand() {
 		}
 		if pool := match.MatchJob(j); pool != "" {
 			pl.demand[pool] = append(pl.demand[pool], j)
+		} else if u, ok := unknownShape(j, pl.labels); ok {
+			pl.plan.Unschedulable = append(pl.plan.Unschedulable, u)
 		}
 	}
 }
@@ -591,7 +593,7 @@ func pickHost(f *events.Fleet, pool string, booked map[string]int, heldNow map[[
 		}
 		free := ps.Slots - h.Held[pool] - heldNow[[2]string{name, pool}]
 		room := h.PhysicalCap - h.Booked - booked[name]
-		if free <= 0 || room <= 0 {
+		if free <= 0 || room <= 0 || !fitsShape(h, pool, heldNow) {
 			continue
 		}
 		r := rank{free: free, name: name}

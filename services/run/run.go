@@ -514,10 +514,7 @@ func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Age
 		return "", err
 	}
 	logger = logger.With("service", "vmagent")
-	pools := map[string]events.PoolSlots{}
-	for name, p := range ac.Pools {
-		pools[name] = events.PoolSlots{Labels: events.NormalizeLabels(p.Labels), Slots: p.Slots}
-	}
+	pools := ac.AdvertisedPools() // each named shape is a pool of its own
 	dataDir := filepath.Join(cfg.DataDir, "agents", ac.Host)
 	var steps backend.Steps
 	if st := ac.Backend.Steps(); st != nil {
@@ -525,7 +522,7 @@ func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Age
 	}
 	a, err := vmagent.New(js, &eventlog.Appender{JS: js, Source: "berth/vmagent/" + ac.Host, Role: events.RoleAgent,
 		NoReadBack: true /* an agent may read only its own host's subjects (natsauth) */}, be, vmagent.Options{
-		Host: ac.Host, Pools: pools, PhysicalCap: ac.PhysicalCap, DataDir: dataDir,
+		Host: ac.Host, Pools: pools, PhysicalCap: ac.PhysicalCap, Resources: ac.HostResources(), DataDir: dataDir,
 		CreateTimeout: steps.CreateTimeout, StopTimeout: steps.StopTimeout, RetryBase: steps.RetryBase, Heartbeat: ac.Heartbeat, HeartbeatReplicas: cfg.NATS.Replicas, ShutdownTimeout: ac.ShutdownTimeout,
 		InventoryEvery: ac.InventoryEvery, OrphanGrace: ac.OrphanGrace, Logger: logger, Trust: &trust.Set{JS: js},
 	})

@@ -28,9 +28,12 @@ import (
 
 // Options configure an Agent.
 type Options struct {
-	Host          string
-	Pools         map[string]events.PoolSlots
-	PhysicalCap   int
+	Host        string
+	Pools       map[string]events.PoolSlots
+	PhysicalCap int
+	// Resources the host's VMs share, counted by their pools' shapes at
+	// placement; nil: only PhysicalCap counts.
+	Resources     *events.Resources
 	DataDir       string // per-attempt work dirs and the curve key live here
 	CreateTimeout time.Duration
 	StopTimeout   time.Duration
@@ -215,7 +218,7 @@ func (a *Agent) announce(ctx context.Context) error {
 	pub, _ := a.curve.PublicKey()
 	now := a.opts.Now()
 	online := events.HostOnline{Host: a.opts.Host, Boot: a.boot, Pools: a.opts.Pools,
-		PhysicalCap: a.opts.PhysicalCap, CurveKey: pub, Backend: a.backend.Name(), Assign: a.backend.CanAssign(), At: now.UTC()}
+		PhysicalCap: a.opts.PhysicalCap, Resources: a.opts.Resources, CurveKey: pub, Backend: a.backend.Name(), Assign: a.backend.CanAssign(), At: now.UTC()}
 	_, _, err := a.Log.Append(ctx, a.Log.New(now, online), nil)
 	return err
 }
@@ -315,7 +318,7 @@ func (a *Agent) backOff(id string) time.Duration {
 func (a *Agent) vm(at *events.Attempt) backend.VM {
 	dir := filepath.Join(a.opts.DataDir, "attempts", at.ID)
 	return backend.VM{Attempt: at.ID, Pool: at.Pool, Host: at.Host, Labels: at.Labels, JobID: at.JobID,
-		JITConfigFile: filepath.Join(dir, "jitconfig"), WorkDir: dir}
+		JITConfigFile: filepath.Join(dir, "jitconfig"), WorkDir: dir, Shape: a.opts.Pools[at.Pool].Shape}
 }
 
 // outcome is the fact a create or assign step's result calls for: success

@@ -7,6 +7,8 @@ package backend
 import (
 	"context"
 	"errors"
+
+	"github.com/berth-ci/berth/events"
 )
 
 // ErrNoInventory is returned by List when the backend cannot list its VMs;
@@ -27,6 +29,11 @@ type VM struct {
 	JITConfigFile string
 	// WorkDir is a directory owned by this attempt alone.
 	WorkDir string
+	// Shape is the machine the attempt's pool declares (CPU, memory, disk,
+	// image, instance types; events/shape.go), nil when it declares none:
+	// a backend sizes and images the VM by it where it can, and keeps its
+	// own settings for the fields left zero.
+	Shape *events.Shape
 	// Warm: Create boots the VM without a JIT config (JITConfigFile is
 	// empty) and returns when it is ready; Assign later starts its runner
 	// with the JIT config (issue 8).

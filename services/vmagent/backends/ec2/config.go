@@ -58,6 +58,13 @@ type Settings struct {
 	// 5) and MaxBackoff between them (default 20s).
 	MaxAttempts int           `yaml:"max_attempts"`
 	MaxBackoff  time.Duration `yaml:"max_backoff"`
+	// AssignByRestart lets this host keep warm VMs (dispatcher.warm_pools):
+	// a warm instance boots once without a JIT config and powers off
+	// (stopped); a job's JIT config is written into its user data and the
+	// instance started again (warm.go). The image must run user data at
+	// every boot. StatePollEvery paces the wait for it to stop (default 5s).
+	AssignByRestart bool          `yaml:"assign_by_restart"`
+	StatePollEvery  time.Duration `yaml:"state_poll_every"`
 	// Steps bound create and stop (law 3).
 	backend.Steps `yaml:",inline"`
 }
@@ -93,6 +100,7 @@ func (e *Settings) Defaults(h backend.Host) {
 	def(&e.LaunchTemplate.Version, "$Default")
 	def(&e.MaxAttempts, 5)
 	def(&e.MaxBackoff, 20*time.Second)
+	def(&e.StatePollEvery, 5*time.Second)
 }
 
 func def[T comparable](v *T, d T) {
@@ -120,6 +128,7 @@ func FromSettings(ctx context.Context, c Settings, logger *slog.Logger) (*Backen
 		AMI: c.AMI, InstanceTypes: c.InstanceTypes, Subnets: c.Subnets, SecurityGroups: c.SecurityGroups,
 		Spot: Spot(c.Spot), SpotMaxPrice: c.SpotMaxPrice, Fleet: c.Fleet, Tags: c.Tags, UserData: userData,
 		MaxAttempts: c.MaxAttempts, MaxBackoff: c.MaxBackoff, Logger: logger,
+		AssignByRestart: c.AssignByRestart, PollEvery: c.StatePollEvery,
 	}
 	return New(ctx, o)
 }

@@ -12,7 +12,9 @@
 //     so that nothing this backend creates ever exists untagged (law 4);
 //   - the JIT config, inside user data rendered from a template.
 //
-// Instance types, subnets and (with spot) the market are tried in order:
+// Instance types (the shape's, when the attempt's pool declares a machine shape
+// with instance types; its image replaces the AMI), subnets and (with spot)
+// the market are tried in order:
 // InsufficientInstanceCapacity and its kin move on to the next combination
 // instead of failing the attempt. Each combination has its own ClientToken
 // (attempt id + "-" + 8 hex digits of a hash of fleet, market, type and
@@ -23,12 +25,14 @@
 // Stop terminates the attempt's instances; List reads the fleet's instances
 // by tag. Throttling (RequestLimitExceeded) is retried by the SDK's standard
 // retryer, bounded by MaxAttempts and by the deadline the agent gives every
-// call.
+// call, with jittered exponential back-off that every call of the backend
+// shares: a throttle answered to one call holds back all (backoff.go).
 package ec2
 
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -48,6 +52,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/smithy-go"
 
+	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/vmagent/backend"
 )
 
@@ -69,7 +74,9 @@ const (
 
 // ErrNoCapacity is wrapped by a Create that tried every combination of
 // market, instance type and subnet and found no capacity for any.
-var ErrNoCapacity = errors.New("no EC2 capacity in any configured instance type, subnet and market")
+// It wraps backend.ErrBackend: capacity is charged to the backend, never to
+// the job (law 11).
+var ErrNoCapacity = fmt.Errorf("no EC2 capacity in any configured instance type, subnet and market: %w", backend.ErrBackend)
 
 // Options configure a Backend. Region and Fleet are required, and
 // LaunchTemplateID, LaunchTemplateName or AMI.
@@ -119,6 +126,14 @@ type Options struct {
 	Logger      *slog.Logger
 	// PageSize is DescribeInstances' MaxResults (5 to 1000; 0 means 1000).
 	PageSize int32
+
+	// AssignByRestart lets the host keep warm VMs (warm.go): a warm
+	// instance boots once without a JIT config and powers off (stopped);
+	// Assign writes the JIT config into its user data and starts it. The
+	// image must run user data at every boot. PollEvery paces the wait for
+	// a warm instance to stop (0 means 5 s).
+	AssignByRestart bool
+	PollEvery       time.Duration
 }
 
 // Backend implements backend.Backend on EC2.
@@ -127,6 +142,7 @@ type Backend struct {
 	client   *sdk.Client
 	userData *template.Template
 	ownHTTP  idleCloser // closed by Close; nil when the caller gave a client
+	retryer  *sharedBackoff
 
 	mu       sync.Mutex
 	launched map[string]launch // attempt id → what Create launched
@@ -167,6 +183,9 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.PollEvery <= 0 {
+		o.PollEvery = 5 * time.Second
+	}
 	if o.PageSize == 0 {
 		o.PageSize = 1000
 	}
@@ -179,10 +198,13 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{opts: o, userData: tmpl, launched: map[string]launch{}}
+	// One retryer for every call, so that a throttle seen by one holds
+	// back all (sharedBackoff).
+	b.retryer = newSharedBackoff(newRetryer(o.MaxAttempts, o.MaxBackoff), o.Now)
 
 	loads := []func(*awsconfig.LoadOptions) error{
 		awsconfig.WithRegion(o.Region),
-		awsconfig.WithRetryer(func() aws.Retryer { return newRetryer(o.MaxAttempts, o.MaxBackoff) }),
+		awsconfig.WithRetryer(func() aws.Retryer { return b.retryer }),
 	}
 	if o.HTTPClient != nil {
 		loads = append(loads, awsconfig.WithHTTPClient(o.HTTPClient))
@@ -219,7 +241,7 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 // InsufficientInstanceCapacity with HTTP 500, which the standard retryer
 // would retry in place, while capacity does not come back within seconds and
 // Create should move on to the next instance type or subnet at once.
-func newRetryer(maxAttempts int, maxBackoff time.Duration) aws.Retryer {
+func newRetryer(maxAttempts int, maxBackoff time.Duration) aws.RetryerV2 {
 	return retry.NewStandard(func(so *retry.StandardOptions) {
 		so.MaxAttempts = maxAttempts
 		so.MaxBackoff = maxBackoff
@@ -254,12 +276,10 @@ func (b *Backend) Name() string { return "ec2" }
 // a limit error on create); the agent's physical_cap decides.
 func (b *Backend) PhysicalCap() int { return 0 }
 
-// CanAssign implements backend.Backend: an instance gets its JIT config in
-// its user data at launch, so EC2 hosts keep no warm VMs.
-func (b *Backend) CanAssign() bool { return false }
-
-// Assign implements backend.Backend: see CanAssign.
-func (b *Backend) Assign(context.Context, backend.VM) error { return backend.ErrNoAssign }
+// CanAssign implements backend.Backend: with AssignByRestart the host keeps
+// warm, stopped instances (warm.go); without it an instance gets its JIT
+// config in its user data at launch only.
+func (b *Backend) CanAssign() bool { return b.opts.AssignByRestart }
 
 // fallback is what Create does after a RunInstances error.
 type fallback int
@@ -310,8 +330,8 @@ func (c combination) String() string {
 }
 
 // plan lists the combinations in the order Create tries them: market, then
-// type, then subnet.
-func (b *Backend) plan() []combination {
+// type, then subnet. A shape's instance types replace the configured ones.
+func (b *Backend) plan(shape *events.Shape) []combination {
 	markets := []bool{false}
 	switch b.opts.Spot {
 	case SpotPrefer:
@@ -320,6 +340,9 @@ func (b *Backend) plan() []combination {
 		markets = []bool{true}
 	}
 	typesList := b.opts.InstanceTypes
+	if shape != nil && len(shape.InstanceTypes) > 0 {
+		typesList = shape.InstanceTypes
+	}
 	if len(typesList) == 0 {
 		typesList = []string{""}
 	}
@@ -368,6 +391,9 @@ func ClientToken(attempt, fleet string, spot bool, itype, subnet string) string 
 // error, and the end of ctx, ends Create. After every combination failed for
 // capacity it returns an error wrapping ErrNoCapacity.
 func (b *Backend) Create(ctx context.Context, vm backend.VM) error {
+	if vm.Warm && !b.opts.AssignByRestart {
+		return fmt.Errorf("ec2 create %s: a warm VM needs assign_by_restart: %w", vm.Attempt, backend.ErrNoAssign)
+	}
 	userData, err := b.renderUserData(vm)
 	if err != nil {
 		return fmt.Errorf("ec2 create %s: %w", vm.Attempt, err)
@@ -375,7 +401,7 @@ func (b *Backend) Create(ctx context.Context, vm backend.VM) error {
 	if ids, err := b.find(ctx, vm.Attempt); err == nil && len(ids) > 0 {
 		b.remember(vm.Attempt, ids)
 		b.opts.Logger.Info("ec2: adopted the attempt's existing instance", "attempt", vm.Attempt, "instances", ids)
-		return nil
+		return b.warmedUp(ctx, vm)
 	} else if ctx.Err() != nil {
 		return fmt.Errorf("ec2 create %s: %w", vm.Attempt, ctx.Err())
 	} else if err != nil {
@@ -387,7 +413,7 @@ func (b *Backend) Create(ctx context.Context, vm backend.VM) error {
 		skipType   = map[string]bool{} // market/type
 		skipMarket = map[bool]bool{}
 	)
-	for _, c := range b.plan() {
+	for _, c := range b.plan(vm.Shape) {
 		if skipMarket[c.spot] || skipType[fmt.Sprint(c.spot, "/", c.itype)] {
 			continue
 		}
@@ -395,7 +421,7 @@ func (b *Backend) Create(ctx context.Context, vm backend.VM) error {
 		if err == nil {
 			b.remember(vm.Attempt, ids)
 			b.opts.Logger.Info("ec2: launched", "attempt", vm.Attempt, "instances", ids, "as", c.String())
-			return nil
+			return b.warmedUp(ctx, vm)
 		}
 		code := apiCode(err)
 		if code == "IdempotentParameterMismatch" {
@@ -404,13 +430,13 @@ func (b *Backend) Create(ctx context.Context, vm backend.VM) error {
 			// launched carries the attempt's tag.
 			if ids, ferr := b.find(ctx, vm.Attempt); ferr == nil && len(ids) > 0 {
 				b.remember(vm.Attempt, ids)
-				return nil
+				return b.warmedUp(ctx, vm)
 			}
-			return fmt.Errorf("ec2 create %s (%s): %w", vm.Attempt, c, err)
+			return fmt.Errorf("ec2 create %s (%s): %w", vm.Attempt, c, blame(err))
 		}
 		f, ok := fallbacks[code]
 		if !ok || ctx.Err() != nil {
-			return fmt.Errorf("ec2 create %s (%s): %w", vm.Attempt, c, err)
+			return fmt.Errorf("ec2 create %s (%s): %w", vm.Attempt, c, blame(err))
 		}
 		misses = append(misses, c.String()+": "+code)
 		b.opts.Logger.Info("ec2: no capacity, trying the next combination", "attempt", vm.Attempt, "as", c.String(), "code", code)
@@ -425,13 +451,13 @@ func (b *Backend) Create(ctx context.Context, vm backend.VM) error {
 }
 
 // run makes one RunInstances call and returns the launched instance ids.
-func (b *Backend) run(ctx context.Context, vm backend.VM, c combination, userData string) ([]string, error) {
+func (b *Backend) run(ctx context.Context, vm backend.VM, c combination, userData []byte) ([]string, error) {
 	o := b.opts
 	in := &sdk.RunInstancesInput{
 		MinCount:                          aws.Int32(1),
 		MaxCount:                          aws.Int32(1),
 		ClientToken:                       aws.String(ClientToken(vm.Attempt, o.Fleet, c.spot, c.itype, c.subnet)),
-		UserData:                          aws.String(userData),
+		UserData:                          aws.String(base64.StdEncoding.EncodeToString(userData)),
 		InstanceInitiatedShutdownBehavior: types.ShutdownBehaviorTerminate,
 		TagSpecifications: []types.TagSpecification{
 			{ResourceType: types.ResourceTypeInstance, Tags: b.tags(vm)},
@@ -452,6 +478,13 @@ func (b *Backend) run(ctx context.Context, vm backend.VM, c combination, userDat
 	}
 	if o.AMI != "" {
 		in.ImageId = aws.String(o.AMI)
+	}
+	if vm.Warm {
+		// Its first boot ends in a power-off that must keep it (warm.go).
+		in.InstanceInitiatedShutdownBehavior = types.ShutdownBehaviorStop
+	}
+	if vm.Shape != nil && vm.Shape.Image != "" {
+		in.ImageId = aws.String(vm.Shape.Image) // the shape's AMI
 	}
 	if c.itype != "" {
 		in.InstanceType = types.InstanceType(c.itype)
@@ -524,7 +557,7 @@ func (b *Backend) Stop(ctx context.Context, vm backend.VM) error {
 	if !known {
 		var err error
 		if ids, err = b.find(ctx, vm.Attempt); err != nil {
-			return fmt.Errorf("ec2 stop %s: look up its instance: %w", vm.Attempt, err)
+			return fmt.Errorf("ec2 stop %s: look up its instance: %w", vm.Attempt, blame(err))
 		}
 	}
 	for _, id := range ids {
@@ -537,7 +570,7 @@ func (b *Backend) Stop(ctx context.Context, vm backend.VM) error {
 					vm.Attempt, id, b.opts.Now().Sub(l.at).Round(time.Second), err)
 			}
 		default:
-			return fmt.Errorf("ec2 stop %s: terminate %s: %w", vm.Attempt, id, err)
+			return fmt.Errorf("ec2 stop %s: terminate %s: %w", vm.Attempt, id, blame(err))
 		}
 	}
 	b.mu.Lock()
@@ -624,6 +657,23 @@ func (b *Backend) remember(attempt string, ids []string) {
 		}
 	}
 	b.launched[attempt] = launch{ids: ids, at: now}
+}
+
+// blame wraps an error EC2 answered with the culprit it is charged to
+// (law 11, events/culprit.go): an image EC2 does not know or refuses is the
+// image's fault (backend.ErrImage); any other answer of EC2's (capacity,
+// limits, throttling past the retry budget, auth, 5xx) is the backend's
+// (backend.ErrBackend). An error that is no answer of EC2's (the deadline,
+// the network) is left alone: the agent charges it to the host.
+func blame(err error) error {
+	code := apiCode(err)
+	switch {
+	case code == "":
+		return err
+	case strings.HasPrefix(code, "InvalidAMIID."):
+		return fmt.Errorf("%w: %w", backend.ErrImage, err)
+	}
+	return fmt.Errorf("%w: %w", backend.ErrBackend, err)
 }
 
 // apiCode is the EC2 error code of err ("" when err is not an API error).

@@ -2,7 +2,7 @@ package ec2
 
 import (
 	"bytes"
-	"encoding/base64"
+	"errors"
 	"fmt"
 	"os"
 	"regexp"
@@ -22,8 +22,11 @@ type UserDataFields struct {
 	LabelsCSV string   // the same, comma-separated
 	JobID     int64    // the job the attempt was booked for (the runner may take another)
 	// JITConfig is the encoded JIT runner configuration as GitHub returns
-	// it (base64 text, no newline), for `run.sh --jitconfig`.
+	// it (base64 text, no newline), for `run.sh --jitconfig`; empty for a
+	// warm instance's first boot, which must power off (warm.go).
 	JITConfig string
+	// Warm: the instance is a warm VM (AssignByRestart).
+	Warm bool
 }
 
 // DefaultUserData is the user-data template used when none is configured:
@@ -36,6 +39,12 @@ type UserDataFields struct {
 const DefaultUserData = `#!/bin/bash
 # Berth attempt {{.Attempt}} (pool {{.Pool}}, fleet {{.Fleet}}, job {{.JobID}})
 set -eu
+{{- if not .JITConfig}}
+# A warm instance's first boot: ready; power off (stopped) until Berth
+# writes the JIT config into this user data and starts it again.
+shutdown -h now
+exit 0
+{{- end}}
 umask 077
 install -d -m 0700 -o runner /run/berth
 cat > /run/berth/jitconfig <<'BERTH_JIT_CONFIG'
@@ -64,31 +73,36 @@ func parseUserData(text string) (*template.Template, error) {
 	var buf bytes.Buffer
 	if err := t.Execute(&buf, UserDataFields{Attempt: "berth-1-1", Pool: "p", Host: "h", Fleet: "f", Labels: []string{"l"},
 		LabelsCSV: "l", JobID: 1, JITConfig: "e30="}); err != nil {
-		return nil, fmt.Errorf("ec2 backend: user data template: %w (fields: .Attempt .Pool .Host .Fleet .Labels .LabelsCSV .JobID .JITConfig)", err)
+		return nil, fmt.Errorf("ec2 backend: user data template: %w (fields: .Attempt .Pool .Host .Fleet .Labels .LabelsCSV .JobID .JITConfig .Warm)", err)
 	}
 	return t, nil
 }
 
-// renderUserData reads the attempt's JIT config file, renders the template
-// and returns it base64-encoded, as RunInstances takes it.
-func (b *Backend) renderUserData(vm backend.VM) (string, error) {
-	raw, err := os.ReadFile(vm.JITConfigFile)
-	if err != nil {
-		return "", fmt.Errorf("read the JIT config: %w", err)
-	}
-	jit := strings.TrimSpace(string(raw))
-	if !jitRE.MatchString(jit) {
-		return "", fmt.Errorf("the JIT config in %s is not base64 text (%d bytes)", vm.JITConfigFile, len(jit))
+// renderUserData reads the attempt's JIT config file (none for a warm VM's
+// first boot) and renders the template.
+func (b *Backend) renderUserData(vm backend.VM) ([]byte, error) {
+	jit := ""
+	if vm.JITConfigFile != "" {
+		raw, err := os.ReadFile(vm.JITConfigFile)
+		if err != nil {
+			return nil, fmt.Errorf("read the JIT config: %w", err)
+		}
+		jit = strings.TrimSpace(string(raw))
+		if !jitRE.MatchString(jit) {
+			return nil, fmt.Errorf("the JIT config in %s is not base64 text (%d bytes)", vm.JITConfigFile, len(jit))
+		}
+	} else if !vm.Warm {
+		return nil, errors.New("no JIT config file for a VM that is not warm")
 	}
 	var buf bytes.Buffer
 	if err := b.userData.Execute(&buf, UserDataFields{
 		Attempt: vm.Attempt, Pool: vm.Pool, Host: vm.Host, Fleet: b.opts.Fleet, Labels: vm.Labels,
-		LabelsCSV: strings.Join(vm.Labels, ","), JobID: vm.JobID, JITConfig: jit,
+		LabelsCSV: strings.Join(vm.Labels, ","), JobID: vm.JobID, JITConfig: jit, Warm: vm.Warm,
 	}); err != nil {
-		return "", fmt.Errorf("render user data: %w", err)
+		return nil, fmt.Errorf("render user data: %w", err)
 	}
 	if buf.Len() > MaxUserData {
-		return "", fmt.Errorf("user data is %d bytes; EC2 takes at most %d before base64 (shorten the template)", buf.Len(), MaxUserData)
+		return nil, fmt.Errorf("user data is %d bytes; EC2 takes at most %d before base64 (shorten the template)", buf.Len(), MaxUserData)
 	}
-	return base64.StdEncoding.EncodeToString(buf.Bytes()), nil
+	return buf.Bytes(), nil
 }

@@ -143,6 +143,9 @@ func (e *Settings) validateCalls(at string, bad backend.Report) {
 	if e.MaxAttempts < 1 || e.MaxAttempts > 20 {
 		bad("%s.max_attempts %d: give 1 to 20 attempts per API call", at, e.MaxAttempts)
 	}
+	if e.StatePollEvery <= 0 {
+		bad("%s.state_poll_every %v: give a positive duration such as 5s", at, e.StatePollEvery)
+	}
 	if e.MaxBackoff <= 0 {
 		bad("%s.max_backoff %v: give a positive duration such as 20s", at, e.MaxBackoff)
 	}

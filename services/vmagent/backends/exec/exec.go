@@ -12,6 +12,9 @@
 //	BERTH_JOB_ID           the GitHub job the attempt was booked for
 //	BERTH_JIT_CONFIG_FILE  path of a 0600 file holding the encoded JIT config
 //	BERTH_WORK_DIR         a directory owned by this attempt alone
+//	BERTH_CPU, BERTH_MEMORY_MIB, BERTH_DISK_GIB, BERTH_IMAGE
+//	                       the machine shape the pool declares (issue 20);
+//	                       empty when it declares none (size the VM as usual)
 //
 // Warm VMs (issue 8): with an assign command, create runs for a warm VM
 // with BERTH_WARM=1 and an empty BERTH_JIT_CONFIG_FILE, and returns when the
@@ -40,6 +43,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/vmagent/backend"
 )
 
@@ -126,6 +130,10 @@ func (b *Backend) run(ctx context.Context, step string, argv []string, vm backen
 	if len(argv) == 0 {
 		return fmt.Errorf("exec backend: no %s command configured", step)
 	}
+	var shape events.Shape
+	if vm.Shape != nil {
+		shape = *vm.Shape
+	}
 	cmd := b.command(ctx, argv,
 		"BERTH_STEP="+step,
 		"BERTH_ATTEMPT="+vm.Attempt,
@@ -136,6 +144,10 @@ func (b *Backend) run(ctx context.Context, step string, argv []string, vm backen
 		"BERTH_JIT_CONFIG_FILE="+vm.JITConfigFile,
 		"BERTH_WORK_DIR="+vm.WorkDir,
 		"BERTH_WARM="+warmFlag(vm.Warm),
+		"BERTH_CPU="+positive(shape.CPU),
+		"BERTH_MEMORY_MIB="+positive(shape.MemoryMiB),
+		"BERTH_DISK_GIB="+positive(shape.DiskGiB),
+		"BERTH_IMAGE="+shape.Image,
 	)
 	var out tail
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -207,3 +219,11 @@ func (t *tail) Write(p []byte) (int, error) {
 }
 
 func (t *tail) String() string { return strings.TrimSpace(t.b.String()) }
+
+// positive is n in decimal, or "" for an unset (zero) size.
+func positive(n int) string {
+	if n <= 0 {
+		return ""
+	}
+	return strconv.Itoa(n)
+}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"fmt"
+	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/vmagent/backend"
 	"github.com/berth-ci/berth/services/vmagent/backends/exec"
@@ -360,5 +361,29 @@ func TestWarmCreateAndAssignFollowTheContract(t *testing.T) {
 	plain := exec.New(dump("create"), dump("stop"), nil)
 	if plain.CanAssign() || !errors.Is(plain.Assign(ctx, vm), backend.ErrNoAssign) {
 		t.Error("without an assign command the backend must say it cannot assign")
+	}
+}
+
+// Given a VM of a pool that declares a machine shape, when it is created,
+// then the create command sees the shape's CPU, memory, disk and image;
+// a VM without a shape sees them empty (the command sizes it as usual).
+func TestCreateSeesTheMachineShape(t *testing.T) {
+	dir := t.TempDir()
+	b := exec.New(script(t, dir, "create.sh", `env > "`+filepath.Join(dir, "create.env")+`"`), script(t, dir, "stop.sh", "true"), nil)
+	vm := attemptVM(t)
+	vm.Shape = &events.Shape{CPU: 8, MemoryMiB: 16384, DiskGiB: 100, Image: "xcode-16"}
+	if err := b.Create(context.Background(), vm); err != nil {
+		t.Fatal(err)
+	}
+	env := envFile(t, filepath.Join(dir, "create.env"))
+	if env["BERTH_CPU"] != "8" || env["BERTH_MEMORY_MIB"] != "16384" || env["BERTH_DISK_GIB"] != "100" || env["BERTH_IMAGE"] != "xcode-16" {
+		t.Errorf("create saw cpu %q memory %q disk %q image %q", env["BERTH_CPU"], env["BERTH_MEMORY_MIB"], env["BERTH_DISK_GIB"], env["BERTH_IMAGE"])
+	}
+	vm.Shape = nil
+	if err := b.Create(context.Background(), vm); err != nil {
+		t.Fatal(err)
+	}
+	if env := envFile(t, filepath.Join(dir, "create.env")); env["BERTH_CPU"] != "" || env["BERTH_IMAGE"] != "" {
+		t.Errorf("without a shape create saw cpu %q image %q", env["BERTH_CPU"], env["BERTH_IMAGE"])
 	}
 }

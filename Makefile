@@ -89,12 +89,20 @@ images:
 	docker build -q -t berth/nats:local -f deploy/docker/nats.Dockerfile $(IMAGE_DIR)/nats
 	docker build -q -t berth/demo:local -f deploy/docker/demo.Dockerfile $(IMAGE_DIR)/demo
 
-## vz-test: on a Mac with Apple silicon: vet and test the vz backend with Virtualization.framework,
-## and build a signed bin/berth (BERTH_VZ_BASE_IMAGE=DIR also boots a real guest)
+## vz-test: on a Mac with Apple silicon: lint the plists, vet and test the vz backend against
+## Virtualization.framework (the test binary is signed so it may run guests; each guest in a
+## helper process, the test binary re-executed), and build a signed bin/berth.
+## BERTH_VZ_BASE_IMAGE=DIR (a base image with deploy/guest installed, docs/macos.md) also boots
+## a real guest and stops it.
 .PHONY: vz-test
 vz-test:
 	@test "$$(uname -s)/$$(uname -m)" = Darwin/arm64 || { echo "vz-test needs macOS on Apple silicon"; exit 1; }
-	CGO_ENABLED=1 $(GO) vet ./services/vmagent/backends/vz/
-	CGO_ENABLED=1 $(GO) test -count=1 ./services/vmagent/backends/vz/ ./services/install/
+	plutil -lint deploy/launchd/berth.entitlements deploy/launchd/ci.berth.agent.plist deploy/guest/ci.berth.guest.plist
+	CGO_ENABLED=1 $(GO) vet ./services/vmagent/backends/vz/...
+	CGO_ENABLED=1 $(GO) test -count=1 -skip TestRealGuest ./services/vmagent/backends/vz/... ./services/install/
+	@mkdir -p $(BIN)
+	CGO_ENABLED=1 $(GO) test -c -o $(BIN)/vz.test ./services/vmagent/backends/vz/
+	codesign --force --sign - --entitlements deploy/launchd/berth.entitlements $(BIN)/vz.test
+	$(BIN)/vz.test -test.count=1 -test.v -test.run 'TestFramework|TestRealGuest' -test.timeout 20m
 	CGO_ENABLED=1 $(GO) build -o $(BIN)/berth ./services/cmd/berth
 	codesign --force --sign - --entitlements deploy/launchd/berth.entitlements $(BIN)/berth

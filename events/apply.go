@@ -101,7 +101,7 @@ func (f *Fleet) Apply(e Event) {
 		})
 	case *AttemptStopped:
 		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) {
-			a.Stopped, a.StoppedAt, a.StoppedLate = true, e.Time, d.Late
+			a.Stopped, a.StoppedAt, a.StoppedLate, a.StopEnded = true, e.Time, d.Late, d.Ended
 		})
 	case *AttemptAbandoned:
 		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) {

@@ -85,11 +85,25 @@ func (e AttemptTeardownRequested) EventID() string { return e.Attempt + "/teardo
 // AttemptStopped: the attempt's VM is gone (the stop step returned, or there
 // was nothing to stop). Late is true when the stop returned after the attempt
 // had been abandoned; it discharges the abandoned VM from the host's physical
-// ledger.
+// ledger. Ended says how the stop step ended the VM, for a backend that
+// escalates (vz: StopClean, StopForced or StopKilled); empty when the
+// backend does not say, or nothing was running.
 type AttemptStopped struct {
 	AttemptRef
-	Late bool `json:"late,omitempty"`
+	Late  bool   `json:"late,omitempty"`
+	Ended string `json:"ended,omitempty"`
 }
+
+// How a stop step ended its VM (AttemptStopped.Ended).
+const (
+	// StopClean: the guest shut down when asked (or was already off).
+	StopClean = "clean"
+	// StopForced: the guest ignored the request and was turned off.
+	StopForced = "forced"
+	// StopKilled: neither stop returned in time; the process holding the
+	// guest was killed, which ended the guest and freed its place.
+	StopKilled = "killed"
+)
 
 func (AttemptStopped) EventType() string { return TypeAttemptStopped }
 func (e AttemptStopped) EventID() string { return e.Attempt + "/stopped" }

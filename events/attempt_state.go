@@ -36,6 +36,7 @@ type Attempt struct {
 	TeardownReason string
 	Stopped        bool
 	StoppedLate    bool
+	StopEnded      string // how the stop ended it (AttemptStopped.Ended)
 	Abandoned      bool
 	AbandonedStep  string
 	Deregistered   bool // its runner registration is gone from GitHub

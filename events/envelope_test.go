@@ -48,7 +48,7 @@ func samples() map[string]events.Payload {
 		events.TypeAttemptRunnerStarted:     &events.AttemptRunnerStarted{AttemptRef: attemptRef(), Took: 93 * time.Second},
 		events.TypeAttemptFailed:            &events.AttemptFailed{AttemptRef: attemptRef(), Step: "create", Error: "exit 3", Culprit: events.CulpritHost},
 		events.TypeAttemptTeardownRequested: &events.AttemptTeardownRequested{AttemptRef: attemptRef(), Reason: "completed"},
-		events.TypeAttemptStopped:           &events.AttemptStopped{AttemptRef: attemptRef(), Late: true},
+		events.TypeAttemptStopped:           &events.AttemptStopped{AttemptRef: attemptRef(), Late: true, Ended: events.StopKilled},
 		events.TypeAttemptDeregistered:      &events.AttemptDeregistered{AttemptRef: attemptRef(), RunnerID: 23},
 		events.TypeAttemptBound:             &events.AttemptBound{AttemptRef: attemptRef(), JobID: 42, Ended: true},
 		events.TypeAttemptRunnerBusy:        &events.AttemptRunnerBusy{AttemptRef: attemptRef(), RunnerID: 23, At: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)},

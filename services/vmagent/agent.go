@@ -439,7 +439,14 @@ func (a *Agent) startStop(ctx context.Context, at *events.Attempt) {
 	go func() {
 		defer a.wg.Done()
 		crashpoint.Hit(crashpoint.AgentBeforeStop)
-		err, late := a.stepLate(ctx, a.opts.StopTimeout, func(c context.Context) error { return a.backend.Stop(c, vm) })
+		var ended string
+		err, late := a.stepLate(ctx, a.opts.StopTimeout, func(c context.Context) (err error) {
+			ended, err = backend.StopEnded(c, a.backend, vm)
+			return err
+		})
+		if err != nil {
+			ended = "" // read only what a stop that returned in time said
+		}
 		if late != nil {
 			go a.awaitLateStop(ctx, r, vm, late, logger)
 		}
@@ -461,8 +468,8 @@ func (a *Agent) startStop(ctx context.Context, at *events.Attempt) {
 			case err != nil:
 				logger.Warn("stop failed; will retry", "err", err, "retry_in", a.backOff(r.Attempt))
 			default:
-				logger.Info("VM stopped", "late", abandoned)
-				_ = a.Append(ctx, events.AttemptStopped{AttemptRef: r, Late: abandoned})
+				logger.Info("VM stopped", "late", abandoned, "ended", ended)
+				_ = a.Append(ctx, events.AttemptStopped{AttemptRef: r, Late: abandoned, Ended: ended})
 			}
 		})
 	}()

@@ -17,12 +17,17 @@ import (
 	"github.com/berth-ci/berth/services/sealing"
 	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/vmagent"
+	"github.com/berth-ci/berth/services/vmagent/backend"
+	"github.com/berth-ci/berth/services/vmagent/backends/vz/vztest"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	vztest.ServeIfHelper() // this binary re-executed as a vz guest's helper (vz_test.go)
+	goleak.VerifyTestMain(m)
+}
 
 // waitLimit bounds every wait in this package: far above what any step
 // needs, so that only a real hang fails a test.
@@ -47,6 +52,7 @@ type harness struct {
 	js       jetstream.JetStream
 	app      *eventlog.Appender
 	be       *testkit.Backend
+	backend  backend.Backend // the agent's: be unless newHarnessOn says otherwise
 	opts     vmagent.Options
 	sealer   nkeys.KeyPair
 	agentKey string // the agent's curve public key, from its HostOnline
@@ -56,6 +62,12 @@ type harness struct {
 
 func newHarness(t *testing.T, mutate func(*vmagent.Options)) *harness {
 	t.Helper()
+	return newHarnessOn(t, nil, mutate)
+}
+
+// newHarnessOn is newHarness with the agent on backend b (nil: the fake).
+func newHarnessOn(t *testing.T, b backend.Backend, mutate func(*vmagent.Options)) *harness {
+	t.Helper()
 	_, js, _ := testkit.NATS(t)
 	testkit.Stream(t, js, eventlog.StreamConfig{})
 	sealer, err := nkeys.CreateCurveKeys()
@@ -63,7 +75,10 @@ func newHarness(t *testing.T, mutate func(*vmagent.Options)) *harness {
 		t.Fatal(err)
 	}
 	h := &harness{host: "host-a", js: js, app: &eventlog.Appender{JS: js, Source: "berth/dispatcher/test"},
-		be: testkit.NewBackend(t), sealer: sealer, rec: &recorder{}, stop: func() {}}
+		be: testkit.NewBackend(t), backend: b, sealer: sealer, rec: &recorder{}, stop: func() {}}
+	if h.backend == nil {
+		h.backend = h.be
+	}
 	h.opts = vmagent.Options{
 		Host:          h.host,
 		Pools:         map[string]events.PoolSlots{"linux": {Labels: []string{"self-hosted", "linux"}, Slots: 4}},
@@ -122,7 +137,7 @@ func (h *harness) follow(t *testing.T) {
 // key) and learns its curve key from the HostOnline it announces.
 func (h *harness) startAgent(t *testing.T) {
 	t.Helper()
-	a, err := vmagent.New(h.js, &eventlog.Appender{JS: h.js, Source: "berth/vmagent/" + h.host}, h.be, h.opts)
+	a, err := vmagent.New(h.js, &eventlog.Appender{JS: h.js, Source: "berth/vmagent/" + h.host}, h.backend, h.opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -102,6 +102,7 @@ func root() *cobra.Command {
 		hostActionCmd(&natsURL, "uncordon", "Let a cordoned host take new jobs again"),
 		hostActionCmd(&natsURL, "drain", "Take a host out of service: no new jobs, idle runners are stopped, running jobs finish (berth uncordon HOST undoes it)"),
 		hostsCmd(&natsURL), jobsCmd(&natsURL), releaseCmd(&natsURL), natsAuthCmd(), streamCmd(&natsURL))
+	cmd.AddCommand(vzGuestCmd(), vzImportTartCmd())
 	strictUsage(cmd)
 	return cmd
 }

@@ -69,3 +69,22 @@ type Backend interface {
 	// when the runner was started; ErrNoAssign without an assign step.
 	Assign(ctx context.Context, vm VM) error
 }
+
+// StopReporter is a Backend whose stop escalates (vz: ask, force, kill the
+// process holding the guest) and says how each stop ended, so the agent
+// records it on the attempt's stopped fact.
+type StopReporter interface {
+	// StopReport is Stop, also returning how the VM ended: one of
+	// events.StopClean, events.StopForced, events.StopKilled ("" when
+	// there was nothing to stop).
+	StopReport(ctx context.Context, vm VM) (ended string, err error)
+}
+
+// StopEnded runs b's stop step and says how it ended the VM when b is a
+// StopReporter ("" otherwise).
+func StopEnded(ctx context.Context, b Backend, vm VM) (string, error) {
+	if r, ok := b.(StopReporter); ok {
+		return r.StopReport(ctx, vm)
+	}
+	return "", b.Stop(ctx, vm)
+}

@@ -83,10 +83,13 @@ func fromSettings(_ context.Context, s backend.Settings, h backend.Host) (backen
 	if !ok {
 		return nil, fmt.Errorf("vz backend: settings of type %T", s)
 	}
-	hv, err := NewPlatformHypervisor(v.CPUs, uint64(v.Memory))
-	if err != nil {
+	if platformHypervisor == nil {
+		_, err := NewPlatformHypervisor(v.CPUs, uint64(v.Memory))
 		return nil, err
 	}
+	// Each guest in a helper process of its own (`berth vz-guest`), so a
+	// stop that wedges ends with the helper's SIGKILL, not the agent's.
+	hv := &Helpers{CPUs: v.CPUs, Memory: uint64(v.Memory), Logger: h.Logger}
 	return New(Config{BaseImage: v.BaseImage, ClonesRoot: v.ClonesRoot, PhysicalCap: h.PhysicalCap,
 		RunnerTimeout: v.CreateTimeout, StopGrace: v.StopGrace, ForceTimeout: v.ForceTimeout}, hv)
 }

@@ -5,7 +5,14 @@
 // Every decision lives here, in code that builds and is tested on any OS:
 // where an attempt's files go, what the inventory is, how a stop escalates,
 // the physical cap. The only darwin code is vz_darwin.go, which implements
-// Hypervisor (Boot, RequestStop, ForceStop, State) and the APFS clone.
+// Hypervisor on Virtualization.framework, and the APFS clone.
+//
+// Each guest runs in a helper process of its own (helpers.go: `berth
+// vz-guest`, holding one VM, spoken to over its stdin and stdout in framed
+// JSON, proto.go), never in the agent: a stop that wedges is escalated to
+// SIGKILL of that helper, which ends the guest and gives its place under
+// the physical cap back (Virtualization.framework ends a process's VMs with
+// the process).
 //
 // Layout on the host, one directory per attempt under ClonesRoot:
 //
@@ -15,12 +22,18 @@
 //	<clones>/<attempt>/machine-id    this guest's own machine identifier (written by Boot)
 //	<clones>/<attempt>/shared/       shared with the guest (virtio-fs), 0700
 //	<clones>/<attempt>/shared/jitconfig      the encoded JIT config, 0600
+//	<clones>/<attempt>/shared/guest-ready    written by the guest's daemon once it waits for a JIT config
 //	<clones>/<attempt>/shared/runner-started written by the guest once its runner runs
+//	<clones>/<attempt>/shared/runner-exited  written by the guest when its runner ends (its exit status)
 //
-// The guest image's contract: at boot, read jitconfig from the shared
+// The guest image's contract (deploy/guest: a launchd daemon and its
+// script): at boot, write guest-ready, wait for jitconfig in the shared
 // directory (mounted by macOS at /Volumes/My Shared Files/berth), start
-// `run.sh --jitconfig "$(cat jitconfig)"`, then create runner-started in the
-// same directory. Create returns once that file exists.
+// `run.sh --jitconfig "$(cat jitconfig)"`, create runner-started, and write
+// the runner's exit status to runner-exited when it ends. A cold Create
+// puts jitconfig there before boot and returns once runner-started exists; a
+// warm Create boots without it and returns at guest-ready, and Assign later
+// puts jitconfig on the share (the daemon picks it up).
 package vz
 
 import (
@@ -36,6 +49,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/clock"
 	"github.com/berth-ci/berth/services/vmagent/backend"
 )
 
@@ -48,7 +62,9 @@ const (
 	MachineIDFile  = "machine-id"
 	SharedDir      = "shared"
 	JITConfigName  = "jitconfig"
+	GuestReady     = "guest-ready"
 	RunnerStarted  = "runner-started"
+	RunnerExited   = "runner-exited"
 	tmpClonePrefix = ".tmp-"
 )
 
@@ -104,6 +120,21 @@ type Hypervisor interface {
 	ForceStop(ctx context.Context, attempt string) error
 	// State reports the guest's state; StateAbsent when there is none.
 	State(ctx context.Context, attempt string) (State, error)
+	// DetachNetwork disconnects the guest's network devices; Stop calls it
+	// before asking the guest to stop (a guest stopped with its network
+	// attached is what wedges the framework's stop most often).
+	DetachNetwork(ctx context.Context, attempt string) error
+	// Drop frees every object held for the guest (its VM object, its disk
+	// attachment; with helpers, the helper process). Stop calls it once the
+	// guest is off; a guest the hypervisor does not know is dropped.
+	Drop(ctx context.Context, attempt string) error
+}
+
+// Killer is a Hypervisor that can end a guest no stop ends: by killing the
+// process that holds it. Kill returns once that process is gone (the guest
+// with it), or with why not.
+type Killer interface {
+	Kill(ctx context.Context, attempt string) error
 }
 
 // ErrAbandoned is wrapped by Stop when neither a graceful nor a forced stop
@@ -138,6 +169,12 @@ type Config struct {
 	StopGrace time.Duration
 	// ForceTimeout bounds the forced phase of Stop (0: 15s).
 	ForceTimeout time.Duration
+	// KillTimeout is kept back from Stop's ctx for the last phase when the
+	// hypervisor is a Killer: the helper's SIGKILL and the wait for it to
+	// exit (0: 10s).
+	KillTimeout time.Duration
+	// Clock times every phase and poll (nil: the wall clock).
+	Clock clock.Clock
 	// Poll is how often states and runner-started are checked (0: 250ms).
 	Poll time.Duration
 	// Clone makes dst a clone of the regular file src (0: the platform's:
@@ -149,6 +186,7 @@ type Config struct {
 type Backend struct {
 	cfg Config
 	hv  Hypervisor
+	clk clock.Clock
 
 	mu sync.Mutex
 	// live holds the attempts whose guest was booted (or whose boot was
@@ -192,13 +230,14 @@ func New(cfg Config, hv Hypervisor) (*Backend, error) {
 	def(&cfg.StopGrace, 30*time.Second)
 	def(&cfg.ForceTimeout, 15*time.Second)
 	def(&cfg.Poll, 250*time.Millisecond)
+	def(&cfg.KillTimeout, 10*time.Second)
 	if cfg.Clone == nil {
 		cfg.Clone = platformClone
 	}
 	if cfg.Clone == nil {
 		cfg.Clone = copyFile
 	}
-	return &Backend{cfg: cfg, hv: hv, live: map[string]bool{}}, nil
+	return &Backend{cfg: cfg, hv: hv, clk: clock.Or(cfg.Clock), live: map[string]bool{}}, nil
 }
 
 // Name implements backend.Backend.
@@ -207,12 +246,41 @@ func (b *Backend) Name() string { return "vz" }
 // PhysicalCap is how many guests this host runs at most.
 func (b *Backend) PhysicalCap() int { return b.cfg.PhysicalCap }
 
-// CanAssign implements backend.Backend: the guest reads its JIT config from
-// the shared folder at boot, so vz hosts keep no warm VMs yet.
-func (b *Backend) CanAssign() bool { return false }
+// CanAssign implements backend.Backend: a warm guest's daemon waits for
+// its JIT config on the share, so vz hosts keep warm VMs.
+func (b *Backend) CanAssign() bool { return true }
 
-// Assign implements backend.Backend: see CanAssign.
-func (b *Backend) Assign(context.Context, backend.VM) error { return backend.ErrNoAssign }
+// Assign implements backend.Backend: put the JIT config on the warm guest's
+// share (written aside, then renamed, so the daemon never reads half of
+// it) and wait, at most RunnerTimeout and never past ctx, for the runner to
+// start.
+func (b *Backend) Assign(ctx context.Context, vm backend.VM) error {
+	g, err := b.GuestFor(vm.Attempt)
+	if err != nil {
+		return err
+	}
+	if !b.isLive(vm.Attempt) {
+		return fmt.Errorf("vz backend: assign %s: no guest of it runs on this host (was it created warm here?)", vm.Attempt)
+	}
+	jit, err := os.ReadFile(vm.JITConfigFile)
+	if err != nil {
+		return fmt.Errorf("vz backend: assign %s: read JIT config: %w", vm.Attempt, err)
+	}
+	tmp := filepath.Join(g.SharedDir, tmpClonePrefix+JITConfigName)
+	if err := os.WriteFile(tmp, jit, 0o600); err != nil {
+		return fmt.Errorf("vz backend: assign %s: %w", vm.Attempt, err)
+	}
+	if err := os.Rename(tmp, filepath.Join(g.SharedDir, JITConfigName)); err != nil {
+		return fmt.Errorf("vz backend: assign %s: %w", vm.Attempt, err)
+	}
+	return b.waitFor(ctx, g, RunnerStarted)
+}
+
+func (b *Backend) isLive(attempt string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.live[attempt]
+}
 
 // Live returns the attempts counted against the physical cap, sorted.
 func (b *Backend) Live() []string {
@@ -275,9 +343,11 @@ func (b *Backend) List(ctx context.Context) ([]string, error) {
 // Create implements backend.Backend: clone the base image into the
 // attempt's directory, give it its own machine identifier and shared
 // directory with the JIT config, boot it, and wait (at most RunnerTimeout,
-// and never past ctx) for its runner to start. A failed Create leaves what it
-// made for Stop to remove; the guest counts against the cap from its boot
-// until a Stop sees it off.
+// and never past ctx) for its runner to start. A warm Create (vm.Warm, no
+// JIT config yet) waits for the guest's daemon to be ready instead; Assign
+// hands it the config. A failed Create leaves what it made for Stop to
+// remove; the guest counts against the cap from its boot until a Stop sees
+// it off.
 func (b *Backend) Create(ctx context.Context, vm backend.VM) error {
 	g, err := b.GuestFor(vm.Attempt)
 	if err != nil {
@@ -289,10 +359,13 @@ func (b *Backend) Create(ctx context.Context, vm backend.VM) error {
 	if err := b.prepare(g, vm.JITConfigFile); err != nil {
 		return fmt.Errorf("vz backend: prepare %s: %w", vm.Attempt, err)
 	}
-	if err := call(ctx, 0, func(ctx context.Context) error { return b.hv.Boot(ctx, g) }); err != nil {
+	if err := b.call(ctx, 0, func(ctx context.Context) error { return b.hv.Boot(ctx, g) }); err != nil {
 		return fmt.Errorf("vz backend: boot %s: %w", vm.Attempt, err)
 	}
-	return b.waitRunner(ctx, g)
+	if vm.JITConfigFile == "" {
+		return b.waitFor(ctx, g, GuestReady)
+	}
+	return b.waitFor(ctx, g, RunnerStarted)
 }
 
 // reserve counts attempt against the physical cap, or says why it cannot.
@@ -304,8 +377,9 @@ func (b *Backend) reserve(ctx context.Context, attempt string) error {
 			continue
 		}
 		var st State
-		err := call(ctx, b.cfg.Poll*4, func(ctx context.Context) (err error) { st, err = b.hv.State(ctx, a); return err })
+		err := b.call(ctx, b.cfg.Poll*4, func(ctx context.Context) (err error) { st, err = b.hv.State(ctx, a); return err })
 		if err == nil && st.off() {
+			_ = b.call(ctx, 0, func(ctx context.Context) error { return b.hv.Drop(ctx, a) })
 			b.forget(a)
 		}
 	}
@@ -372,12 +446,14 @@ func (b *Backend) prepare(g Guest, jitFile string) error {
 	if err := os.Mkdir(shared, 0o700); err != nil {
 		return err
 	}
-	jit, err := os.ReadFile(jitFile)
-	if err != nil {
-		return fmt.Errorf("read JIT config: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(shared, JITConfigName), jit, 0o600); err != nil {
-		return err
+	if jitFile != "" { // a warm guest gets it on Assign
+		jit, err := os.ReadFile(jitFile)
+		if err != nil {
+			return fmt.Errorf("read JIT config: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(shared, JITConfigName), jit, 0o600); err != nil {
+			return err
+		}
 	}
 	if err := os.RemoveAll(g.Dir); err != nil {
 		return err
@@ -389,80 +465,134 @@ func (b *Backend) prepare(g Guest, jitFile string) error {
 	return nil
 }
 
-// waitRunner polls for runner-started until RunnerTimeout or ctx ends; a
-// guest that the hypervisor reports off fails at once.
-func (b *Backend) waitRunner(ctx context.Context, g Guest) error {
-	ctx, cancel := context.WithTimeout(ctx, b.cfg.RunnerTimeout)
-	defer cancel()
-	marker := filepath.Join(g.SharedDir, RunnerStarted)
-	tick := time.NewTicker(b.cfg.Poll)
+// waitFor polls the guest's share for the status file name (GuestReady
+// or RunnerStarted) until RunnerTimeout or ctx ends. A guest the hypervisor
+// reports off fails at once, and so does a guest whose daemon wrote
+// runner-exited first (no runner in the image, or one that could not
+// start): the image's fault.
+func (b *Backend) waitFor(ctx context.Context, g Guest, name string) error {
+	limit := b.clk.NewTimer(b.cfg.RunnerTimeout)
+	defer limit.Stop()
+	marker := filepath.Join(g.SharedDir, name)
+	tick := b.clk.NewTicker(b.cfg.Poll)
 	defer tick.Stop()
 	for {
 		if _, err := os.Stat(marker); err == nil {
 			return nil
 		}
+		if status, err := os.ReadFile(filepath.Join(g.SharedDir, RunnerExited)); err == nil {
+			return fmt.Errorf("vz backend: %s: the guest's runner ended before %s (%s): see /tmp/berth-guest.log in the guest: %w",
+				g.Attempt, name, strings.TrimSpace(string(status)), backend.ErrImage)
+		}
 		var st State
-		err := call(ctx, b.cfg.Poll*4, func(ctx context.Context) (err error) { st, err = b.hv.State(ctx, g.Attempt); return err })
+		err := b.call(ctx, b.cfg.Poll*4, func(ctx context.Context) (err error) { st, err = b.hv.State(ctx, g.Attempt); return err })
 		if err == nil && st.off() {
-			return fmt.Errorf("vz backend: %s: the guest is %s before its runner started (see the image's runner launch)", g.Attempt, st)
+			return fmt.Errorf("vz backend: %s: the guest is %s before it wrote %s (see the image's berth daemon, docs/macos.md)", g.Attempt, st, name)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("vz backend: %s: runner not started within %s (the guest writes %s once run.sh runs): %w",
-				g.Attempt, b.cfg.RunnerTimeout, marker, ctx.Err())
-		case <-tick.C:
+			return fmt.Errorf("vz backend: %s: no %s within the create deadline (the guest's berth daemon writes it, docs/macos.md): %w",
+				g.Attempt, marker, ctx.Err())
+		case <-limit.C():
+			return fmt.Errorf("vz backend: %s: no %s within %s (the guest's berth daemon writes it, docs/macos.md): %w",
+				g.Attempt, marker, b.cfg.RunnerTimeout, context.DeadlineExceeded)
+		case <-tick.C():
 		}
 	}
 }
 
-// Stop implements backend.Backend: ask the guest to shut down and wait for
-// it (StopGrace, at most half of what ctx leaves); if it is still on, force
-// it off and wait (ForceTimeout, within ctx); once it is off, remove its
-// directory. If neither phase ends the guest, Stop returns ErrAbandoned and
-// keeps the directory: the guest still counts against the cap until a later
-// Stop sees it off. A guest the hypervisor does not know is stopped.
+// Stop implements backend.Backend: StopReport without the ending.
 func (b *Backend) Stop(ctx context.Context, vm backend.VM) error {
+	_, err := b.StopReport(ctx, vm)
+	return err
+}
+
+// StopReport implements backend.StopReporter. It detaches the guest's
+// network and asks it to shut down, and waits (StopGrace, at most half of
+// what ctx leaves after the kill's share): events.StopClean; if it is still
+// on, forces it off and waits (ForceTimeout, within what ctx leaves after
+// the kill's share): events.StopForced; if it is still on and the
+// hypervisor is a Killer, kills the process holding it: events.StopKilled.
+// Once the guest is off it drops every object held for it, frees its place
+// under the cap and removes its directory. If no phase ends the guest, it
+// returns ErrAbandoned and keeps the directory: the guest still counts
+// against the cap until a later Stop sees it off. A guest the hypervisor
+// does not know is stopped (ended "").
+func (b *Backend) StopReport(ctx context.Context, vm backend.VM) (string, error) {
 	g, err := b.GuestFor(vm.Attempt)
 	if err != nil {
-		return err
+		return "", err
 	}
-	if !b.off(ctx, g.Attempt, time.Now().Add(b.cfg.Poll*4)) {
-		if err := b.escalate(ctx, g.Attempt); err != nil {
-			return err
+	ended := ""
+	var st State
+	err = b.call(ctx, b.cfg.Poll*4, func(ctx context.Context) (err error) { st, err = b.hv.State(ctx, g.Attempt); return err })
+	if err != nil || !st.off() {
+		if ended, err = b.escalate(ctx, g.Attempt); err != nil {
+			return "", err
 		}
+	}
+	// Dropping is the OS's time too (a helper's exit): bounded by ctx.
+	if err := b.call(ctx, 0, func(ctx context.Context) error { return b.hv.Drop(ctx, g.Attempt) }); err != nil {
+		// The guest is off: what stays is memory, not a place under the cap.
+		err = fmt.Errorf("vz backend: %s is off but its objects were not dropped: %w", g.Attempt, err)
+		b.forget(g.Attempt)
+		return ended, err
 	}
 	b.forget(g.Attempt)
 	if err := os.RemoveAll(g.Dir); err != nil {
-		return fmt.Errorf("vz backend: %s is off but its clone stays: %w", g.Attempt, err)
+		return ended, fmt.Errorf("vz backend: %s is off but its clone stays: %w", g.Attempt, err)
 	}
 	os.RemoveAll(filepath.Join(b.cfg.ClonesRoot, tmpClonePrefix+g.Attempt))
-	return nil
+	return ended, nil
 }
 
-// escalate runs the graceful then the forced phase; nil once the guest is
-// seen off.
-func (b *Backend) escalate(ctx context.Context, attempt string) error {
-	graceful := b.cfg.StopGrace
-	if dl, ok := ctx.Deadline(); ok {
-		graceful = min(graceful, time.Until(dl)/2)
+// escalate runs the graceful, the forced and (with a Killer) the kill
+// phase; it returns how the guest ended once it is seen off.
+func (b *Backend) escalate(ctx context.Context, attempt string) (string, error) {
+	killer, canKill := b.hv.(Killer)
+	reserve := time.Duration(0)
+	if canKill {
+		reserve = b.cfg.KillTimeout
 	}
-	gracefulEnd := time.Now().Add(graceful)
-	reqErr := call(ctx, graceful, func(ctx context.Context) error { return b.hv.RequestStop(ctx, attempt) })
+	left := func() time.Duration { // what ctx leaves for the graceful and forced phases
+		if dl, ok := ctx.Deadline(); ok {
+			return dl.Sub(b.clk.Now()) - reserve
+		}
+		return time.Duration(1<<63 - 1)
+	}
+	graceful := max(min(b.cfg.StopGrace, left()/2), 0)
+	gracefulEnd := b.clk.Now().Add(graceful)
+	// Detaching is quick when the framework answers; a quarter of the
+	// grace at most, so a wedged detach still leaves the request its time.
+	detachErr := b.call(ctx, max(graceful/4, time.Millisecond), func(ctx context.Context) error { return b.hv.DetachNetwork(ctx, attempt) })
+	reqErr := b.call(ctx, max(gracefulEnd.Sub(b.clk.Now()), time.Millisecond), func(ctx context.Context) error { return b.hv.RequestStop(ctx, attempt) })
 	if reqErr == nil && b.off(ctx, attempt, gracefulEnd) {
-		return nil
+		return events.StopClean, nil
 	}
-	if ctx.Err() != nil {
-		return fmt.Errorf("%w: %s: graceful stop (%v) then no time left for a forced one: %w", ErrAbandoned, attempt, why(reqErr), ctx.Err())
+	if reqErr == nil && detachErr != nil {
+		reqErr = fmt.Errorf("network not detached (%v), then the guest stayed on", detachErr)
 	}
-	forceEnd := time.Now().Add(b.cfg.ForceTimeout)
-	if dl, ok := ctx.Deadline(); ok && dl.Before(forceEnd) {
-		forceEnd = dl
+	var forceErr error
+	if force := min(b.cfg.ForceTimeout, left()); force > 0 && ctx.Err() == nil {
+		forceEnd := b.clk.Now().Add(force)
+		forceErr = b.call(ctx, force, func(ctx context.Context) error { return b.hv.ForceStop(ctx, attempt) })
+		if b.off(ctx, attempt, forceEnd) {
+			return events.StopForced, nil
+		}
+	} else {
+		forceErr = errors.New("no time left for it")
 	}
-	forceErr := call(ctx, time.Until(forceEnd), func(ctx context.Context) error { return b.hv.ForceStop(ctx, attempt) })
-	if b.off(ctx, attempt, forceEnd) {
-		return nil
+	if canKill && ctx.Err() == nil {
+		// The kill has what is left of ctx (its reserve at least): a
+		// signal and the wait for the process to be reaped, the OS's time.
+		killErr := b.call(ctx, 0, func(ctx context.Context) error { return killer.Kill(ctx, attempt) })
+		if killErr == nil {
+			return events.StopKilled, nil
+		}
+		return "", fmt.Errorf("%w: %s: graceful stop: %v; forced stop: %v; kill of its helper: %v; it still counts against the physical cap until a later stop sees it off",
+			ErrAbandoned, attempt, why(reqErr), why(forceErr), killErr)
 	}
-	return fmt.Errorf("%w: %s: graceful stop: %v; forced stop: %v; it still counts against the physical cap until a later stop sees it off",
+	return "", fmt.Errorf("%w: %s: graceful stop: %v; forced stop: %v; it still counts against the physical cap until a later stop sees it off",
 		ErrAbandoned, attempt, why(reqErr), why(forceErr))
 }
 
@@ -477,43 +607,52 @@ func why(err error) string {
 // ends (false). A State call that fails or wedges is not a "yes".
 func (b *Backend) off(ctx context.Context, attempt string, until time.Time) bool {
 	for {
-		left := time.Until(until)
+		left := until.Sub(b.clk.Now())
 		var st State
-		err := call(ctx, max(min(left, b.cfg.Poll*4), time.Millisecond), func(ctx context.Context) (err error) {
+		err := b.call(ctx, max(min(left, b.cfg.Poll*4), time.Millisecond), func(ctx context.Context) (err error) {
 			st, err = b.hv.State(ctx, attempt)
 			return err
 		})
 		if err == nil && st.off() {
 			return true
 		}
-		if time.Until(until) <= 0 {
+		left = until.Sub(b.clk.Now())
+		if left <= 0 {
 			return false
 		}
+		t := b.clk.NewTimer(min(b.cfg.Poll, left))
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return false
-		case <-time.After(min(b.cfg.Poll, max(time.Until(until), 0))):
+		case <-t.C():
 		}
 	}
 }
 
-// call runs f with a context that ends after bound (0: ctx's own end) and
-// returns its error, or errOverran (wrapping ctx's error when ctx ended)
-// once the bound passes even if f has not returned: a wedged hypervisor
-// call costs a goroutine until it does return, never the caller's time.
-func call(ctx context.Context, bound time.Duration, f func(context.Context) error) error {
+// call runs f and returns its error, or errOverran once bound passes on
+// the backend's clock (wrapping context.DeadlineExceeded) or ctx ends
+// (wrapping ctx's error), even if f has not returned: f's context ends
+// then too, and a wedged hypervisor call costs a goroutine until it does
+// return, never the caller's time. bound 0 is ctx's own end.
+func (b *Backend) call(ctx context.Context, bound time.Duration, f func(context.Context) error) error {
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var expired <-chan time.Time
 	if bound > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, bound)
-		defer cancel()
+		t := b.clk.NewTimer(bound)
+		defer t.Stop()
+		expired = t.C()
 	}
 	done := make(chan error, 1)
-	go func() { done <- f(ctx) }()
+	go func() { done <- f(fctx) }()
 	select {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
 		return fmt.Errorf("%w: %w", errOverran, ctx.Err())
+	case <-expired:
+		return fmt.Errorf("%w: %w", errOverran, context.DeadlineExceeded)
 	}
 }
 

@@ -35,8 +35,8 @@ const (
 	hardwareModel = "hardware-model"
 )
 
-// framework runs guests in this process; a guest dies with it, so after a
-// restart every clone is StateAbsent and Stop just removes it.
+// framework runs guests in this process: in berth, a helper process
+// (`berth vz-guest`) holding one guest, which dies with it.
 type framework struct {
 	cpus   uint
 	memory uint64
@@ -264,12 +264,23 @@ func (f *framework) ForceStop(ctx context.Context, attempt string) error {
 	if vm == nil {
 		return nil
 	}
-	if err := wait(ctx, vm.Stop); err != nil {
-		return err
+	return wait(ctx, vm.Stop)
+}
+
+func (f *framework) DetachNetwork(ctx context.Context, attempt string) error {
+	vm := f.vm(attempt)
+	if vm == nil {
+		return nil
 	}
+	return wait(ctx, func() error { _, err := detachNetwork(vm); return err })
+}
+
+// Drop forgets the guest's VM object, so the framework can free it and its
+// disk attachment; in a helper process the process's exit follows.
+func (f *framework) Drop(ctx context.Context, attempt string) error {
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	delete(f.vms, attempt)
-	f.mu.Unlock()
 	return nil
 }
 

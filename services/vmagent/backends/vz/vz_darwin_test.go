@@ -5,10 +5,12 @@ package vz
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/vmagent/backend"
 )
 
@@ -30,6 +32,12 @@ func TestFrameworkIsRegisteredAndKnowsNoStrangers(t *testing.T) {
 	if err := hv.ForceStop(ctx, "berth-1-1"); err != nil {
 		t.Errorf("ForceStop of an unknown guest: %v", err)
 	}
+	if err := hv.DetachNetwork(ctx, "berth-1-1"); err != nil {
+		t.Errorf("DetachNetwork of an unknown guest: %v", err)
+	}
+	if err := hv.Drop(ctx, "berth-1-1"); err != nil {
+		t.Errorf("Drop of an unknown guest: %v", err)
+	}
 	dir := t.TempDir()
 	src, dst := filepath.Join(dir, "a"), filepath.Join(dir, "b")
 	if err := os.WriteFile(src, []byte("x"), 0o600); err != nil {
@@ -40,19 +48,25 @@ func TestFrameworkIsRegisteredAndKnowsNoStrangers(t *testing.T) {
 	}
 }
 
-// With BERTH_VZ_BASE_IMAGE (a macOS guest bundle whose launch daemon writes
-// runner-started, see the package doc) a real guest is created and stopped.
-// The test binary needs the com.apple.security.virtualization entitlement:
-// go test -c, codesign it with deploy/launchd/berth.entitlements, run it.
+// With BERTH_VZ_BASE_IMAGE (a macOS guest bundle with the berth daemon of
+// deploy/guest, docs/macos.md) a real guest is created in a helper process
+// (this test binary re-executed), and stopped: the network detached, a
+// graceful stop, the VM dropped and the helper gone. The test binary needs
+// the com.apple.security.virtualization entitlement: make vz-test signs it.
 func TestRealGuestCreateAndStop(t *testing.T) {
 	base := os.Getenv("BERTH_VZ_BASE_IMAGE")
 	if base == "" {
 		t.Skip("set BERTH_VZ_BASE_IMAGE to a base guest directory to boot a real guest")
 	}
-	hv, err := NewPlatformHypervisor(4, 8<<30)
+	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
+	hv := &Helpers{CPUs: 4, Memory: 8 << 30, Command: func(string) *exec.Cmd {
+		cmd := exec.Command(self, "-test.run=^$")
+		cmd.Env = append(os.Environ(), testHelperEnv+"=1")
+		return cmd
+	}}
 	b, err := New(Config{BaseImage: base, ClonesRoot: filepath.Join(filepath.Dir(base), "berth-test-clones"), RunnerTimeout: 10 * time.Minute}, hv)
 	if err != nil {
 		t.Fatal(err)
@@ -67,10 +81,18 @@ func TestRealGuestCreateAndStop(t *testing.T) {
 	createErr := b.Create(ctx, vm)
 	stopCtx, stopCancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer stopCancel()
-	if err := b.Stop(stopCtx, vm); err != nil {
+	ended, err := b.StopReport(stopCtx, vm)
+	if err != nil {
 		t.Errorf("Stop: %v", err)
+	}
+	t.Logf("the stop ended %q", ended)
+	if got := hv.Running(); len(got) != 0 {
+		t.Errorf("helpers left after the stop: %v", got)
 	}
 	if createErr != nil {
 		t.Fatalf("Create: %v", createErr)
+	}
+	if ended != events.StopClean {
+		t.Errorf("a guest with the berth daemon should shut down when asked; the stop ended %q", ended)
 	}
 }

@@ -10,11 +10,26 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/clock"
 	"github.com/berth-ci/berth/services/vmagent/backend"
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// Re-executed as a guest's helper by a test through Helpers (on a Mac,
+	// vz_darwin_test.go: the signed test binary holds a real guest).
+	if os.Getenv(testHelperEnv) != "" {
+		if err := Serve(context.Background(), os.Stdin, os.Stdout, NewPlatformHypervisor); err != nil {
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// testHelperEnv makes this test binary serve as a helper (TestMain).
+const testHelperEnv = "BERTH_VZ_TEST_HELPER"
 
 // behaviour of one fake hypervisor call.
 type behaviour int
@@ -41,12 +56,14 @@ type fakeHV struct {
 	states                      map[string]State
 	guests                      map[string]Guest
 	calls                       map[string]int
+	order                       []string        // every call's name, in order
+	objects                     map[string]bool // VM objects held: from Boot until Drop
 	release                     chan struct{}
 	background                  sync.WaitGroup
 }
 
 func newFake(t *testing.T) *fakeHV {
-	f := &fakeHV{t: t, states: map[string]State{}, guests: map[string]Guest{}, calls: map[string]int{}, release: make(chan struct{})}
+	f := &fakeHV{t: t, states: map[string]State{}, guests: map[string]Guest{}, calls: map[string]int{}, objects: map[string]bool{}, release: make(chan struct{})}
 	t.Cleanup(func() { close(f.release); f.background.Wait() })
 	return f
 }
@@ -62,6 +79,7 @@ func (f *fakeHV) setState(a string, s State) { f.mu.Lock(); f.states[a] = s; f.m
 func (f *fakeHV) enter(name string, b behaviour) error {
 	f.mu.Lock()
 	f.calls[name]++
+	f.order = append(f.order, name)
 	f.mu.Unlock()
 	switch b {
 	case fail:
@@ -82,6 +100,7 @@ func (f *fakeHV) Boot(ctx context.Context, g Guest) error {
 	f.mu.Lock()
 	b, after, noRunner, die := f.boot, f.runnerAfter, f.noRunner, f.dieAfterBoot
 	f.guests[g.Attempt] = g
+	f.objects[g.Attempt] = true
 	f.mu.Unlock()
 	if err := f.enter("boot", b); err != nil {
 		return err
@@ -130,6 +149,26 @@ func (f *fakeHV) ForceStop(ctx context.Context, a string) error {
 	f.setState(a, StateStopped)
 	return nil
 }
+
+func (f *fakeHV) DetachNetwork(ctx context.Context, a string) error { return f.enter("detach", ok) }
+
+// Drop forgets the guest: its VM object is gone, and so is its state.
+func (f *fakeHV) Drop(ctx context.Context, a string) error {
+	if err := f.enter("drop", ok); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.objects, a)
+	delete(f.states, a)
+	return nil
+}
+
+// callOrder is every call's name so far, in order (a copy).
+func (f *fakeHV) callOrder() []string { f.mu.Lock(); defer f.mu.Unlock(); return slices.Clone(f.order) }
+
+// held is how many VM objects the fake holds.
+func (f *fakeHV) held() int { f.mu.Lock(); defer f.mu.Unlock(); return len(f.objects) }
 
 func (f *fakeHV) State(ctx context.Context, a string) (State, error) {
 	f.mu.Lock()
@@ -397,11 +436,14 @@ func TestStopEscalation(t *testing.T) {
 			}
 			_, statErr := os.Stat(filepath.Join(fx.root, "berth-9-1"))
 			if tc.wantErr == nil {
-				if !errors.Is(statErr, os.ErrNotExist) || len(fx.b.Live()) != 0 {
-					t.Errorf("after a stop the clone remains (%v) or the guest still counts (%v)", statErr, fx.b.Live())
+				if !errors.Is(statErr, os.ErrNotExist) || len(fx.b.Live()) != 0 || fx.hv.held() != 0 {
+					t.Errorf("after a stop the clone remains (%v), the guest still counts (%v) or its VM object stays (%d)", statErr, fx.b.Live(), fx.hv.held())
 				}
-			} else if statErr != nil || len(fx.b.Live()) != 1 {
-				t.Errorf("an abandoned guest must keep its clone (%v) and its place (%v)", statErr, fx.b.Live())
+			} else if statErr != nil || len(fx.b.Live()) != 1 || fx.hv.held() != 1 {
+				t.Errorf("an abandoned guest must keep its clone (%v), its place (%v) and its VM object (%d)", statErr, fx.b.Live(), fx.hv.held())
+			}
+			if o := fx.hv.callOrder(); slices.Index(o, "detach") < 0 || slices.Index(o, "detach") > slices.Index(o, "request") {
+				t.Errorf("calls %v: the network must be detached before the stop request", o)
 			}
 		})
 	}
@@ -474,5 +516,111 @@ func TestAGracefulPhaseLongerThanCtxStillLeavesTimeToForce(t *testing.T) {
 	}
 	if took := time.Since(start); took < 300*time.Millisecond || took > 1500*time.Millisecond {
 		t.Errorf("Stop took %v; want about half of ctx for the graceful phase, then the force", took)
+	}
+}
+
+// killerHV is fakeHV as a Killer: Kill ends the guest (its process's exit
+// takes the VM with it) unless kill is wedge.
+type killerHV struct {
+	*fakeHV
+	kill   behaviour
+	onKill func()
+}
+
+func (k killerHV) Kill(ctx context.Context, a string) error {
+	k.onKill()
+	if err := k.enter("kill", k.kill); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.states, a)
+	delete(k.objects, a)
+	return nil
+}
+
+// driveFake moves fk on by step whenever a timer is armed, until stop:
+// for stops whose every call wedges (nothing real to wait for).
+func driveFake(fk *clock.Fake, step time.Duration) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			armed := fk.Armed()
+			if fk.Timers() > 0 {
+				fk.Advance(step)
+				continue
+			}
+			select {
+			case <-done:
+				return
+			case <-armed:
+			}
+		}
+	}()
+	return func() { close(done); wg.Wait() }
+}
+
+func TestAStopThatNeverReturnsIsKilledWithinItsDeadline(t *testing.T) {
+	const stopTimeout = 2 * time.Minute
+	for _, tc := range []struct {
+		name      string
+		kill      behaviour
+		wantEnded string
+		wantErr   error
+	}{
+		{name: "the kill ends it", kill: ok, wantEnded: events.StopKilled},
+		{name: "the kill wedges too", kill: wedge, wantErr: ErrAbandoned},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Given a guest whose every stop call wedges, on a fake clock.
+			fk := clock.NewFake(time.Now())
+			fx := newFixture(t, func(c *Config) {
+				c.Clock, c.Poll, c.StopGrace, c.ForceTimeout, c.KillTimeout = fk, time.Second, time.Minute, 30*time.Second, 10*time.Second
+				c.RunnerTimeout = 24 * time.Hour // the fake guest's runner starts at once, in real time
+			})
+			stopClock := driveFake(fk, time.Second)
+			must(t, fx.b.Create(deadline(t, 5*time.Second), fx.vm("berth-4-1")))
+			stopClock()
+			fx.hv.set(func(f *fakeHV) { f.request, f.force = wedge, wedge })
+			start := fk.Now()
+			ctx, cancel := context.WithDeadline(context.Background(), start.Add(stopTimeout))
+			defer cancel()
+			killAt := make(chan time.Time, 1)
+			fx.b.hv = killerHV{fx.hv, tc.kill, func() {
+				killAt <- fk.Now()
+				if tc.kill == wedge {
+					cancel() // the stop's deadline passes while the kill wedges
+				}
+			}}
+
+			// When it is stopped under a two-minute deadline.
+			stopClock = driveFake(fk, time.Second)
+			ended, err := fx.b.StopReport(ctx, fx.vm("berth-4-1"))
+			stopClock()
+
+			// Then the kill ends it within the deadline, or it is abandoned
+			// and keeps its place.
+			if ended != tc.wantEnded || (tc.wantErr == nil) != (err == nil) || tc.wantErr != nil && !errors.Is(err, tc.wantErr) {
+				t.Fatalf("StopReport = %q, %v; want %q, %v", ended, err, tc.wantEnded, tc.wantErr)
+			}
+			if took := fk.Now().Sub(start); took > stopTimeout {
+				t.Errorf("the stop took %v of fake time; its deadline is %v", took, stopTimeout)
+			}
+			if at := (<-killAt).Sub(start); at > stopTimeout-10*time.Second {
+				t.Errorf("the kill began %v in; the phases before it must leave it its 10s of the %v", at, stopTimeout)
+			}
+			if fx.hv.count("kill") != 1 || fx.hv.count("force") != 1 {
+				t.Errorf("calls: %v; want one force, then one kill", fx.hv.callOrder())
+			}
+			if tc.wantErr == nil && (len(fx.b.Live()) != 0 || fx.hv.held() != 0) {
+				t.Errorf("after the kill: live %v, VM objects %d; want none", fx.b.Live(), fx.hv.held())
+			}
+			if tc.wantErr != nil && len(fx.b.Live()) != 1 {
+				t.Errorf("a guest not seen off must keep its place: live %v", fx.b.Live())
+			}
+		})
 	}
 }

@@ -7,12 +7,18 @@ export PATH := $(BIN):$(PATH)
 NATSCLI_VERSION := v0.5.0
 TEST_FLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: demo test tools build schemas vet fmt-check clean images bench bench-smoke
+.PHONY: demo test tools build schemas vet fmt-check clean images bench bench-smoke help
 
 ## demo: 200 jobs through embedded NATS, dispatcher, watchdog, two exec agents and the GitHub simulator
+## (prints the operator's page address; DEMO_FLAGS=-help lists its flags)
 demo:
+	@echo "building the demo into $(BIN)/demo (the first build compiles nats-server, go-github, the AWS SDK and Berth: a few minutes on a cold cache, seconds after)"
 	$(GO) build -o $(BIN)/demo ./tests/cmd/demo
 	$(BIN)/demo $(DEMO_FLAGS)
+
+## help: the targets and what each does
+help:
+	@awk '/^## /{sub(/^## /, ""); print "  " $$0}' $(firstword $(MAKEFILE_LIST))
 
 ## test: unit, property, end-to-end and nats-CLI inspection tests
 test: tools
@@ -80,13 +86,19 @@ clean:
 IMAGE_DIR := $(BIN)/images
 images:
 	mkdir -p $(IMAGE_DIR)/berth $(IMAGE_DIR)/nats $(IMAGE_DIR)/demo
+	@echo "images 1/6: static linux berth (CGO off, -trimpath: a full rebuild of every package, minutes the first time)"
 	CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -o $(IMAGE_DIR)/berth/berth ./services/cmd/berth
+	@echo "images 2/6: static linux ghsim, the GitHub simulator the demo image runs"
 	CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -o $(IMAGE_DIR)/demo/ghsim ./tests/cmd/ghsim
 	cp $(IMAGE_DIR)/berth/berth $(IMAGE_DIR)/demo/
+	@echo "images 3/6: static linux nats-server, at the version services/go.mod pins"
 	cd services && CGO_ENABLED=0 GOOS=linux GOWORK=off $(GO) build -trimpath -o $(IMAGE_DIR)/nats/nats-server github.com/nats-io/nats-server/v2
 	cp deploy/nats/nats.conf $(IMAGE_DIR)/nats/
+	@echo "images 4/6: docker build berth/berth:local (FROM scratch: seconds)"
 	docker build -q -t berth/berth:local -f deploy/docker/berth.Dockerfile $(IMAGE_DIR)/berth
+	@echo "images 5/6: docker build berth/nats:local"
 	docker build -q -t berth/nats:local -f deploy/docker/nats.Dockerfile $(IMAGE_DIR)/nats
+	@echo "images 6/6: docker build berth/demo:local"
 	docker build -q -t berth/demo:local -f deploy/docker/demo.Dockerfile $(IMAGE_DIR)/demo
 
 ## vz-test: on a Mac with Apple silicon: lint the plists, vet and test the vz backend against

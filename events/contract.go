@@ -175,3 +175,9 @@ const (
 	// id); each was appended again under a fresh id (issue 17).
 	MetricLogDuplicateMismatchTotal = "berth_log_duplicate_mismatch_total"
 )
+
+// MetricAgentBackendStepSeconds: each agent's backend calls (step create,
+// assign or stop; outcome ok, failed, deadline, canceled or unsupported),
+// a histogram, so its _count is the calls. Writer: services/run
+// (measured), around the backend.
+const MetricAgentBackendStepSeconds = "berth_agent_backend_step_seconds"

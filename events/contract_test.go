@@ -70,6 +70,7 @@ var pinned = []struct{ name, got, want string }{
 	{"MetricLogRefusedTotal", events.MetricLogRefusedTotal, "berth_log_refused_total"},
 	{"MetricRunnersSweptTotal", events.MetricRunnersSweptTotal, "berth_runners_swept_total"},
 	{"MetricLogDuplicateMismatchTotal", events.MetricLogDuplicateMismatchTotal, "berth_log_duplicate_mismatch_total"},
+	{"MetricAgentBackendStepSeconds", events.MetricAgentBackendStepSeconds, "berth_agent_backend_step_seconds"},
 }
 
 func TestContractValuesArePinned(t *testing.T) {

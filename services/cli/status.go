@@ -64,7 +64,14 @@ func WatchStatus(ctx context.Context, js jetstream.JetStream, w io.Writer, every
 // statusOf is f's status with each host's last heartbeat, and its agent's
 // clock skew against the NATS server that stored it.
 func statusOf(ctx context.Context, js jetstream.JetStream, f *events.Fleet) events.Status {
-	st := f.Status()
+	return WithHeartbeats(ctx, js, f.Status())
+}
+
+// WithHeartbeats is st with each host's last heartbeat and clock skew read
+// from the heartbeat bucket (heartbeats are not events), and empty (not
+// nil) lists: what `berth status --json` prints for a fold's Status. The
+// dispatcher's page uses it too, so both show one projection.
+func WithHeartbeats(ctx context.Context, js jetstream.JetStream, st events.Status) events.Status {
 	if kv, err := js.KeyValue(ctx, events.BucketHeartbeats); err == nil {
 		for i, h := range st.Hosts {
 			e, err := kv.Get(ctx, h.Name)

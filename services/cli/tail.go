@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -77,13 +78,17 @@ func Tail(ctx context.Context, js jetstream.JetStream, f Filter, follow, asJSON 
 	filters := f.Subjects()
 	next := make([]uint64, len(filters))
 	for {
-		if err := tailOnce(ctx, js, filters, next, asJSON, w); err != nil {
+		n, err := tailOnce(ctx, js, filters, next, asJSON, w)
+		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
 		if !follow {
+			if n == 0 {
+				return f.nothing()
+			}
 			return nil
 		}
 		select {
@@ -97,11 +102,15 @@ func Tail(ctx context.Context, js jetstream.JetStream, f Filter, follow, asJSON 
 // tailOnce prints what each filter matches from next[i] on, merged in log
 // order, and moves next on. One filter prints as it reads; several (a
 // pool's ledger, demand and alarms) are merged by sequence.
-func tailOnce(ctx context.Context, js jetstream.JetStream, filters []string, next []uint64, asJSON bool, w io.Writer) error {
+func tailOnce(ctx context.Context, js jetstream.JetStream, filters []string, next []uint64, asJSON bool, w io.Writer) (int, error) {
+	printed := 0
 	if len(filters) == 1 {
-		n, err := eventlog.Scan(ctx, js, filters[0], next[0], 0, func(d eventlog.Delivered) error { return printEvent(w, d, asJSON) })
+		n, err := eventlog.Scan(ctx, js, filters[0], next[0], 0, func(d eventlog.Delivered) error {
+			printed++
+			return printEvent(w, d, asJSON)
+		})
 		next[0] = n
-		return err
+		return printed, err
 	}
 	var batch []eventlog.Delivered
 	for i, flt := range filters {
@@ -111,16 +120,40 @@ func tailOnce(ctx context.Context, js jetstream.JetStream, filters []string, nex
 		})
 		next[i] = n
 		if err != nil {
-			return err
+			return 0, err
 		}
 	}
 	sort.Slice(batch, func(a, b int) bool { return batch[a].Event.Seq < batch[b].Event.Seq })
 	for _, d := range batch {
 		if err := printEvent(w, d, asJSON); err != nil {
-			return err
+			return 0, err
 		}
 	}
-	return nil
+	return len(batch), nil
+}
+
+// ErrNoFacts: a filter that names a job, pool, host or attempt matched no
+// fact in the log (a typo, or its facts are past the stream's max_age).
+var ErrNoFacts = errors.New("no fact in the log")
+
+// nothing is what an empty answer means: nil for the whole log (it may be
+// empty), ErrNoFacts, saying where to look, for a named aggregate.
+func (f Filter) nothing() error {
+	var what, list string
+	switch {
+	case f.Attempt != "":
+		what, list = "attempt "+f.Attempt, "berth status lists the attempts holding slots; berth events --job ID names a job's"
+	case f.Job != 0:
+		what, list = fmt.Sprintf("job %d", f.Job), "berth jobs lists the jobs the log holds"
+	case f.Host != "":
+		what, list = "host "+f.Host, "berth hosts lists the hosts"
+	case f.Pool != "":
+		what, list = "pool "+f.Pool, "berth status lists the pools"
+	default:
+		return nil
+	}
+	return fmt.Errorf("%w for %s (%s): a typo, or its facts are past the stream's max_age; %s",
+		ErrNoFacts, what, strings.Join(f.Subjects(), ", "), list)
 }
 
 func printEvent(w io.Writer, d eventlog.Delivered, asJSON bool) error {

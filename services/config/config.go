@@ -138,7 +138,30 @@ type Dispatcher struct {
 	// pool's hosts need a backend with an assign step (exec: an assign
 	// command). None by default.
 	WarmPools map[string]WarmPool `yaml:"warm_pools"`
+	// Page is the operator's read-only page (services/page).
+	Page Page `yaml:"page"`
 }
+
+// Page is where the dispatcher serves the operator's read-only page and
+// who may read it. It listens apart from the webhook (which GitHub must
+// reach), on loopback unless configured.
+type Page struct {
+	// Listen is its address (default 127.0.0.1:8090: this machine only);
+	// "off" serves no page.
+	Listen string `yaml:"listen"`
+	// Token, when set (inline or from TokenEnv), is asked of every reader:
+	// a bearer header, or ?token= once (the page keeps it in a cookie).
+	Token    string `yaml:"token"`
+	TokenEnv string `yaml:"token_env"`
+	// User and Password (or PasswordEnv) ask for basic auth; with a token
+	// too, either admits.
+	User        string `yaml:"user"`
+	Password    string `yaml:"password"`
+	PasswordEnv string `yaml:"password_env"`
+}
+
+// PageOff is Page.Listen's value that serves no page.
+const PageOff = "off"
 
 // GitHub is where and as whom the dispatcher calls the REST API.
 type GitHub struct {
@@ -308,6 +331,7 @@ func (c *Config) Defaults() {
 	or(&d.RunnerSweepLimit, 20)
 	or(&d.GitHub.APIURL, "https://api.github.com/")
 	or(&d.GitHub.Scope, "org")
+	or(&d.Page.Listen, "127.0.0.1:8090")
 	w := &c.Watchdog
 	or(&w.Listen, "127.0.0.1:8081")
 	or(&w.ProvisionTimeout, 10*time.Minute)
@@ -366,6 +390,12 @@ func (c *Config) Validate() error {
 		if err := events.ValidName("instance", c.Instance); err != nil {
 			bad("instance: %v", err)
 		}
+	}
+	if p := c.Dispatcher.Page; p.User != "" && Secret(p.Password, p.PasswordEnv) == "" {
+		bad("dispatcher.page.user %q has no password: set dispatcher.page.password_env (or password), or drop user", p.User)
+	}
+	if p := c.Dispatcher.Page; p.Listen != PageOff && (p.Token != "" || p.TokenEnv != "") && Secret(p.Token, p.TokenEnv) == "" {
+		bad("dispatcher.page.token_env %q is empty: export it, or drop token_env (the page would be open)", p.TokenEnv)
 	}
 	c.validateRetention(bad)
 	c.validateWarm(bad)

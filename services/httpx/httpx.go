@@ -45,6 +45,11 @@ func Serve(ctx context.Context, addr string, h http.Handler, ready chan<- string
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
+	return ServeOn(ctx, ln, h)
+}
+
+// ServeOn is Serve on a listener the caller opened (and ServeOn closes).
+func ServeOn(ctx context.Context, ln net.Listener, h http.Handler) error {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 15 * time.Second, IdleTimeout: 60 * time.Second}
 	stop := context.AfterFunc(ctx, func() {

@@ -75,13 +75,21 @@ type Options struct {
 	// Chown gives the config, credentials and working directory to User;
 	// for real installs run as root (User must exist then).
 	Chown bool
+	// Preview: Root is a directory to look at what would be written, not
+	// the host's file system: the binary need not be under it (a note
+	// says so instead).
+	Preview bool
 }
 
 // Result lists what was done and what the operator should run next.
 type Result struct {
-	// Written are the files written or found already right, Removed the
-	// files and directories removed (host paths, not under Root).
-	Written, Removed []string
+	// Written are the files written (changed), Unchanged those found
+	// already right, Removed the files and directories removed (host
+	// paths, not under Root).
+	Written, Unchanged, Removed []string
+	// Notes say what the operator must still see to on the host (a
+	// preview's binary that is not there yet).
+	Notes []string
 	// Commands to run on the host, in order, to (un)load the service.
 	Commands [][]string
 }
@@ -340,6 +348,36 @@ type file struct {
 	own  bool // given to User with Chown
 }
 
+// owner is the uid and gid the agent's files go to with Chown, else -1.
+func (l *layout) owner() (uid, gid int, err error) {
+	if !l.o.Chown {
+		return -1, -1, nil
+	}
+	u, err := user.Lookup(l.o.User)
+	if err != nil {
+		return -1, -1, fmt.Errorf("--user %s: %w (create it first: %s)", l.o.User, err, addUserHint(l.o.Platform, l.o.User))
+	}
+	uid, _ = strconv.Atoi(u.Uid)
+	gid, _ = strconv.Atoi(u.Gid)
+	return uid, gid, nil
+}
+
+// checkBinary makes sure the service's binary is there: an error for a
+// real install, a note in res for a preview (its root holds no binary).
+func (l *layout) checkBinary(res *Result) error {
+	fi, err := os.Stat(l.under(l.o.Binary))
+	if err == nil && !fi.IsDir() && fi.Mode().Perm()&0o111 != 0 {
+		return nil
+	}
+	if l.o.Preview {
+		res.Notes = append(res.Notes, fmt.Sprintf("--binary %s is not under %s: the service runs it, so install berth there on the host first (install -m 0755 bin/berth %s)",
+			l.o.Binary, l.o.Root, l.o.Binary))
+		return nil
+	}
+	return fmt.Errorf("--binary %s: no executable there (%v): install berth first (make build && install -m 0755 bin/berth %s), or pass --binary with where it is",
+		l.o.Binary, errOr(err, "not an executable file"), l.o.Binary)
+}
+
 // Install writes the service definition, the config and the credentials,
 // and returns the commands that load and start the service.
 func Install(o Options) (*Result, error) {
@@ -347,9 +385,9 @@ func Install(o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if fi, err := os.Stat(l.under(l.o.Binary)); err != nil || fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
-		return nil, fmt.Errorf("--binary %s: no executable there (%v): install berth first (make build && install -m 0755 bin/berth %s), or pass --binary with where it is",
-			l.o.Binary, errOr(err, "not an executable file"), l.o.Binary)
+	res := &Result{}
+	if err := l.checkBinary(res); err != nil {
+		return nil, err
 	}
 	cfg, err := l.readConfig()
 	if err != nil {
@@ -371,28 +409,22 @@ func Install(o Options) (*Result, error) {
 		files = append(files, file{path: l.service, data: []byte(l.plist()), mode: 0o644})
 		dirs = append(dirs, l.logDir)
 	}
-	uid, gid := -1, -1
-	if l.o.Chown {
-		u, err := user.Lookup(l.o.User)
-		if err != nil {
-			return nil, fmt.Errorf("--user %s: %w (create it first: %s)", l.o.User, err, addUserHint(l.o.Platform, l.o.User))
-		}
-		uid, _ = strconv.Atoi(u.Uid)
-		gid, _ = strconv.Atoi(u.Gid)
+	uid, gid, err := l.owner()
+	if err != nil {
+		return nil, err
 	}
-
 	m, err := l.readManifest()
 	if err != nil {
 		return nil, err
 	}
-	res := &Result{}
 	for _, f := range files {
 		made, err := l.mkdirs(filepath.Dir(f.path))
 		if err != nil {
 			return nil, err
 		}
 		m.addDirs(made)
-		if err := writeFile(l.under(f.path), f.data, f.mode); err != nil {
+		changed, err := writeFile(l.under(f.path), f.data, f.mode)
+		if err != nil {
 			return nil, err
 		}
 		if f.own && uid >= 0 {
@@ -401,7 +433,11 @@ func Install(o Options) (*Result, error) {
 			}
 		}
 		m.addFile(f.path)
-		res.Written = append(res.Written, f.path)
+		if changed {
+			res.Written = append(res.Written, f.path)
+		} else {
+			res.Unchanged = append(res.Unchanged, f.path)
+		}
 	}
 	for _, d := range dirs {
 		made, err := l.mkdirs(d)
@@ -556,7 +592,8 @@ func (l *layout) writeManifest(m *manifest) error {
 	for _, d := range m.Dirs {
 		b.WriteString("dir " + d + "\n")
 	}
-	return writeFile(l.under(l.manifest), []byte(b.String()), 0o600)
+	_, err := writeFile(l.under(l.manifest), []byte(b.String()), 0o600)
+	return err
 }
 
 // mkdirs makes the host directory d (under Root) and its missing parents,
@@ -575,27 +612,28 @@ func (l *layout) mkdirs(d string) ([]string, error) {
 	return made, nil
 }
 
-// writeFile replaces path with data and mode atomically; a file already
-// equal is left alone (its mode corrected).
-func writeFile(path string, data []byte, mode os.FileMode) error {
+// writeFile replaces path with data and mode atomically and reports
+// whether it changed it; a file already equal is left alone (its mode
+// corrected, which counts as no change).
+func writeFile(path string, data []byte, mode os.FileMode) (bool, error) {
 	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
-		return os.Chmod(path, mode)
+		return false, os.Chmod(path, mode)
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".berth-install-*")
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer os.Remove(tmp.Name())
 	if err := tmp.Chmod(mode); err != nil {
 		tmp.Close()
-		return err
+		return false, err
 	}
 	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
-		return err
+		return false, err
 	}
 	if err := tmp.Close(); err != nil {
-		return err
+		return false, err
 	}
-	return os.Rename(tmp.Name(), path)
+	return true, os.Rename(tmp.Name(), path)
 }

@@ -485,8 +485,8 @@ func TestInstallTwiceIsIdempotent(t *testing.T) {
 			if second := tree(t, tg.root); !maps(first, second) {
 				t.Errorf("second install changed the tree:\nfirst  %v\nsecond %v", first, second)
 			}
-			if !slices.Equal(r1.Written, r2.Written) || fmt.Sprint(r1.Commands) != fmt.Sprint(r2.Commands) {
-				t.Errorf("results differ: %+v vs %+v", r1, r2)
+			if len(r2.Written) != 0 || !slices.Equal(r1.Written, r2.Unchanged) || fmt.Sprint(r1.Commands) != fmt.Sprint(r2.Commands) {
+				t.Errorf("second result %+v, want nothing written, what the first wrote unchanged (first %+v)", r2, r1)
 			}
 			// And one uninstall still removes everything.
 			_, err = Uninstall(Options{Root: tg.root, Platform: platform})
@@ -552,4 +552,32 @@ func keys(m map[string]string) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// Given a preview directory (--root DIR) that holds no berth binary, when
+// an operator previews the install as its help shows, then it writes the
+// files under DIR and notes that the binary must be installed on the
+// host, instead of failing; a second preview writes nothing and says so.
+func TestAPreviewNeedsNoBinaryUnderItsRoot(t *testing.T) {
+	tg := newTarget(t, agentYAML)
+	o := tg.opts(Linux)
+	o.Binary = "/opt/nowhere/berth"
+	o.Preview = true
+	res, err := Install(o)
+	if err != nil {
+		t.Fatalf("preview without the binary under the root: %v", err)
+	}
+	if len(res.Written) == 0 || len(res.Notes) != 1 || !strings.Contains(res.Notes[0], "/opt/nowhere/berth") {
+		t.Fatalf("result %+v, want the files written and one note naming the binary", res)
+	}
+	for _, p := range res.Written {
+		if _, err := os.Stat(filepath.Join(tg.root, p)); err != nil {
+			t.Errorf("%s not under the root: %v", p, err)
+		}
+	}
+	again, err := Install(o)
+	must(t, err)
+	if len(again.Written) != 0 || !slices.Equal(again.Unchanged, res.Written) {
+		t.Errorf("second preview %+v: want nothing written and %v unchanged", again, res.Written)
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -40,10 +41,12 @@ import (
 type System struct {
 	NATSURL        string
 	DispatcherAddr string
-	WatchdogAddr   string
-	AgentAddrs     map[string]string
-	Dispatcher     *dispatch.Dispatcher
-	Watchdog       *watchdog.Watchdog
+	// PageAddr is the operator's page (host:port), "" when it is off.
+	PageAddr     string
+	WatchdogAddr string
+	AgentAddrs   map[string]string
+	Dispatcher   *dispatch.Dispatcher
+	Watchdog     *watchdog.Watchdog
 
 	server   *server.Server
 	wg       sync.WaitGroup
@@ -51,6 +54,7 @@ type System struct {
 	errs     []error
 	failed   chan struct{}
 	failOnce sync.Once
+	running  map[string]int // goRun names still running, for Running
 }
 
 // Failed is closed when any service stops with an error: a process running
@@ -82,10 +86,33 @@ func (s *System) Wait() error {
 
 func (s *System) goRun(name string, fn func() error) {
 	s.wg.Add(1)
+	s.mu.Lock()
+	s.running[name]++
+	s.mu.Unlock()
 	go func() {
 		defer s.wg.Done()
+		defer func() {
+			s.mu.Lock()
+			if s.running[name]--; s.running[name] <= 0 {
+				delete(s.running, name)
+			}
+			s.mu.Unlock()
+		}()
 		s.fail(name, fn())
 	}()
+}
+
+// Running names the parts still running ("dispatcher", "agent host-a",
+// "watchdog http"…), sorted: what a stopping process is waiting for.
+func (s *System) Running() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.running))
+	for name := range s.running {
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // Dev starts the whole system: an embedded nats-server (unless cfg.NATS.URL
@@ -140,7 +167,7 @@ func (s *System) abort(err error) error {
 
 // NewSystem returns an empty system for running single services.
 func NewSystem() *System {
-	return &System{AgentAddrs: map[string]string{}, failed: make(chan struct{})}
+	return &System{AgentAddrs: map[string]string{}, failed: make(chan struct{}), running: map[string]int{}}
 }
 
 // ensure is `berth dev`'s admin step: it applies the stream and the
@@ -399,6 +426,9 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 		defer nc.Close()
 		return d.Run(ctx)
 	})
+	if err := servePage(ctx, s, cfg, d.Read, js, streamOf(sh), logger); err != nil {
+		return nil, "", err
+	}
 	logger.Info("dispatcher listening", "addr", addr, "github", dc.GitHub.APIURL)
 	return d, addr, nil
 }
@@ -515,6 +545,8 @@ func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Age
 	}
 	logger = logger.With("service", "vmagent")
 	pools := ac.AdvertisedPools() // each named shape is a pool of its own
+	reg := registry()
+	be = measure(be, reg)
 	dataDir := filepath.Join(cfg.DataDir, "agents", ac.Host)
 	var steps backend.Steps
 	if st := ac.Backend.Steps(); st != nil {
@@ -536,7 +568,6 @@ func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Age
 	}
 	a.Loop.Consumer = &eventlog.Consumer{Name: events.AgentConsumer(ac.Host)}
 	a.Loop.Replicas = cfg.NATS.Replicas
-	reg := registry()
 	loopMetrics(reg, a.Loop)
 	addr, err := serve(ctx, s, "agent "+ac.Host, listen, httpx.Mux(reg, func() (bool, any) {
 		ok, detail := loopHealthy(a.Loop)

@@ -143,7 +143,7 @@ func fleetConfig(o FleetOptions, dir, natsURL, dispAddr, simURL, secret string) 
 	cfg := &config.Config{
 		DataDir: dir,
 		NATS:    config.NATS{URL: natsURL},
-		Dispatcher: config.Dispatcher{Listen: dispAddr, WebhookSecret: secret,
+		Dispatcher: config.Dispatcher{Listen: dispAddr, WebhookSecret: secret, Page: config.Page{Listen: config.PageOff},
 			GitHub: config.GitHub{APIURL: simURL, Token: "sim-token", Scope: "org", Org: "example-org"}},
 		Watchdog: config.Watchdog{Listen: "127.0.0.1:0", AbandonedCap: o.AbandonedCap,
 			ProvisionTimeout: 2 * time.Minute, RegistrationTimeout: 2 * time.Minute},

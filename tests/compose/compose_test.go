@@ -186,7 +186,7 @@ func TestComposeConfig(t *testing.T) {
 	}
 	for svc, want := range map[string][]string{
 		"nats":       {"127.0.0.1:4222", "127.0.0.1:8222"},
-		"dispatcher": {"127.0.0.1:8080"},
+		"dispatcher": {"127.0.0.1:8080", "127.0.0.1:8090"},
 		"watchdog":   {"127.0.0.1:8081"},
 		"agent":      {"127.0.0.1:8086"},
 	} {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,7 +61,7 @@ func TestComposeDemoServesJobs(t *testing.T) {
 		envFile: filepath.Join(root, "deploy", "compose", "demo.env")}
 	ports := map[string]int{}
 	env := []string{"BERTH_WEBHOOK_SECRET=compose-demo", fmt.Sprintf("BERTH_DEMO_JOBS=%d", jobs), "BERTH_FIXTURES=" + fixtures}
-	for _, v := range []string{"BERTH_NATS_PORT", "BERTH_NATS_MONITOR_PORT", "BERTH_DISPATCHER_PORT", "BERTH_WATCHDOG_PORT", "BERTH_AGENT_PORT", "BERTH_SIM_PORT"} {
+	for _, v := range []string{"BERTH_NATS_PORT", "BERTH_NATS_MONITOR_PORT", "BERTH_DISPATCHER_PORT", "BERTH_WATCHDOG_PORT", "BERTH_AGENT_PORT", "BERTH_SIM_PORT", "BERTH_PAGE_PORT"} {
 		ports[v] = testkit.FreePort(t)
 		env = append(env, fmt.Sprintf("%s=%d", v, ports[v]))
 	}
@@ -134,6 +136,28 @@ func TestComposeDemoServesJobs(t *testing.T) {
 		return nil
 	})
 	t.Logf("[%s] berth status: %+v as of seq %d", since(), st.Jobs, st.AsOfSeq)
+
+	// The operator's page, published on the host's loopback, shows the
+	// same pools.
+	pageURL := fmt.Sprintf("http://127.0.0.1:%d/", ports["BERTH_PAGE_PORT"])
+	testkit.Poll(t, ctx, 30*time.Second, 200*time.Millisecond, "the page at "+pageURL, func(ctx context.Context) error {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, pageURL, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: %s", pageURL, resp.Status)
+		}
+		for _, p := range st.Pools {
+			if !strings.Contains(string(b), `<tr data-pool="`+p.Name+`">`) {
+				return fmt.Errorf("the page lacks pool %s", p.Name)
+			}
+		}
+		return nil
+	})
 
 	c := exec.CommandContext(ctx, natsBin, "stream", "info", events.StreamName, "--json", "-s", natsURL)
 	c.Env = append(os.Environ(), "NATS_CONTEXT=")

@@ -37,9 +37,16 @@ type Report struct {
 	ReplayDiff                    string // when not equal
 	Violations                    []events.Violation
 	Elapsed                       time.Duration
-	NATSURL                       string
-	Dispatcher                    string // base URLs of the live services, for berth replay --check
-	Watchdog                      string
+	// Interrupted: the run was cut short (Ctrl-C) before every job was
+	// served; TimedOut: it gave up after Options.Timeout. Unfinished jobs
+	// were not completed then (Queued of them still waiting, Running on a
+	// runner); they count as not served.
+	Interrupted, TimedOut bool
+	Unfinished            int
+	Queued, Running       int
+	NATSURL               string
+	Dispatcher            string // base URLs of the live services, for berth replay --check
+	Watchdog              string
 }
 
 // OK is the demo's verdict: every job served once, nothing left held or alive.
@@ -96,8 +103,14 @@ func (f *Fleet) Drive(ctx context.Context, o Options) (Report, error) {
 			enqueued++
 			next = next.Add(gap)
 		}
+		if ctx.Err() != nil {
+			return f.interrupted(ctx, rep)
+		}
 		st, err := f.Status(ctx)
 		if err != nil {
+			if ctx.Err() != nil {
+				return f.interrupted(ctx, rep)
+			}
 			return rep, err
 		}
 		jobs := f.Sim.Jobs()
@@ -111,15 +124,26 @@ func (f *Fleet) Drive(ctx context.Context, o Options) (Report, error) {
 		}
 		if time.Now().After(deadline) {
 			fmt.Fprintf(os.Stderr, "timed out after %s waiting for the fleet to settle; status follows\n", o.Timeout)
+			rep.TimedOut = true
 			break
 		}
 		select {
 		case <-ctx.Done():
-			return rep, ctx.Err()
+			return f.interrupted(ctx, rep)
 		case <-tick.C:
 		}
 	}
 	return f.report(ctx, rep)
+}
+
+// interrupted reports a run cut short: what happened so far, within
+// seconds (no replay of the log), on a context of its own (the fleet runs
+// until Stop, whatever ctx does).
+func (f *Fleet) interrupted(ctx context.Context, rep Report) (Report, error) {
+	rep.Interrupted = true
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	return f.report(rctx, rep)
 }
 
 func allCompleted(jobs []ghsim.JobView) bool {
@@ -201,6 +225,17 @@ func (f *Fleet) report(ctx context.Context, rep Report) (Report, error) {
 		} else {
 			rep.Failed++
 		}
+		switch j.Status {
+		case "queued":
+			rep.Unfinished++
+			rep.Queued++
+		case "in_progress":
+			rep.Unfinished++
+			rep.Running++
+		case "completed":
+		default:
+			rep.Unfinished++
+		}
 	}
 	// A warm pool's VMs that wait for jobs are its target, not leftovers.
 	warmFree := map[string]bool{}
@@ -226,6 +261,9 @@ func (f *Fleet) report(ctx context.Context, rep Report) (Report, error) {
 		if a := live.Attempts[id]; a.VMLive() {
 			rep.VMsAlive--
 		}
+	}
+	if rep.Interrupted {
+		return rep, nil // a replay of a busy log would keep the operator waiting
 	}
 	rep.ReplayEqual, rep.ReplayDiff, err = f.ReplayEquals(ctx)
 	return rep, err
@@ -281,7 +319,11 @@ func PrintSummary(w io.Writer, r Report, keep bool) {
 	fmt.Fprintln(w, "=== Berth demo summary ===")
 	fmt.Fprintf(w, "jobs served:            %d of %d (job outcomes: %d success, %d failure as the workload planned)\n",
 		r.Served, r.Jobs, r.Conclusions["success"], r.Conclusions["failure"])
-	fmt.Fprintf(w, "jobs not served:        %d\n", r.Failed)
+	fmt.Fprintf(w, "jobs not served:        %d", r.Failed)
+	if r.Unfinished > 0 {
+		fmt.Fprintf(w, " (%d unfinished: %d queued, %d running)", r.Unfinished, r.Queued, r.Running)
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintf(w, "queued → runner online: p50 %s, p99 %s\n", Percentile(r.QueueToStart, 50).Round(time.Millisecond), Percentile(r.QueueToStart, 99).Round(time.Millisecond))
 	fmt.Fprintf(w, "  warm hits:            %d jobs, p50 %s, p99 %s (on a VM booted before the job)\n", r.WarmHits,
 		Percentile(r.QueueToStartWarm, 50).Round(time.Millisecond), Percentile(r.QueueToStartWarm, 99).Round(time.Millisecond))
@@ -291,7 +333,11 @@ func PrintSummary(w io.Writer, r Report, keep bool) {
 	fmt.Fprintf(w, "slots held at the end:  %d\n", r.SlotsHeld)
 	fmt.Fprintf(w, "VMs alive at the end:   %d\n", r.VMsAlive)
 	fmt.Fprintf(w, "attempts:               %d; events in the log: %d\n", r.Attempts, r.Events)
-	fmt.Fprintf(w, "replay equals live:     %v %s\n", r.ReplayEqual, r.ReplayDiff)
+	if r.Interrupted {
+		fmt.Fprintln(w, "replay equals live:     not checked (interrupted)")
+	} else {
+		fmt.Fprintf(w, "replay equals live:     %v %s\n", r.ReplayEqual, r.ReplayDiff)
+	}
 	if len(r.Violations) > 0 {
 		fmt.Fprintf(w, "invariant violations:   %v\n", r.Violations)
 	}
@@ -307,9 +353,17 @@ func PrintSummary(w io.Writer, r Report, keep bool) {
 	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s status\n", r.NATSURL)
 	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s events --job <job id>\n", r.NATSURL)
 	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s replay --check --service %s --service %s\n", r.NATSURL, r.Dispatcher, r.Watchdog)
-	if r.OK() {
+	switch {
+	case r.Interrupted:
+		fmt.Fprintf(w, "RESULT: INTERRUPTED after %s: %d of %d jobs served, %d unfinished (their slots and VMs end with the system)\n",
+			r.Elapsed.Round(100*time.Millisecond), r.Served, r.Jobs, r.Unfinished)
+	case r.TimedOut:
+		fmt.Fprintf(w, "RESULT: TIMED OUT: %d of %d jobs served, %d unfinished, %d slots held, %d VMs alive; rerun with -keep and "+
+			"look at the page or `berth status` and `berth events --job <id>` for what waits (or raise -timeout if the fleet was only slow)\n",
+			r.Served, r.Jobs, r.Unfinished, r.SlotsHeld, r.VMsAlive)
+	case r.OK():
 		fmt.Fprintln(w, "RESULT: OK")
-	} else {
+	default:
 		fmt.Fprintln(w, "RESULT: FAILED (jobs not served, or slots/VMs left): rerun with --log-level debug and read `berth events`")
 	}
 }

@@ -54,7 +54,9 @@ type Fleet struct {
 
 // Start builds the simulated runner, starts the GitHub simulator and the
 // whole system (embedded NATS, dispatcher, watchdog, two agents with the
-// exec backend), and returns once everything listens.
+// exec backend), and returns once everything listens. ctx bounds the
+// start; the system then runs until Stop, so an interrupted run can
+// still be summed up from its live projection.
 func Start(ctx context.Context, o Options) (*Fleet, error) {
 	root, err := RepoRoot()
 	if err != nil {
@@ -89,8 +91,10 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 	if o.Tune != nil {
 		o.Tune(cfg)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	sys, err := run.Dev(ctx, cfg, o.Logger)
+	life, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, cancel) // an interrupted start ends what started …
+	sys, err := run.Dev(life, cfg, o.Logger)
+	stop() // … a started system runs until Stop
 	if err != nil {
 		cancel()
 		sim.Close()
@@ -115,6 +119,9 @@ func Config(o Options, root, runner, simURL, dispAddr, secret string) *config.Co
 		return config.Agent{
 			Host:      host,
 			Heartbeat: time.Second,
+			// A stopping demo does not wait for its jobs: the drain lasts
+			// seconds, then the VMs still running are stopped.
+			ShutdownTimeout: 2 * time.Second,
 			Pools: map[string]config.Pool{
 				"linux": {Labels: []string{"self-hosted", "linux", "x64"}, Slots: 4},
 				"macos": {Labels: []string{"self-hosted", "macos", "arm64"}, Slots: 2},
@@ -130,7 +137,7 @@ func Config(o Options, root, runner, simURL, dispAddr, secret string) *config.Co
 	cfg := &config.Config{
 		DataDir: o.DataDir,
 		NATS:    config.NATS{Listen: o.NATSListen},
-		Dispatcher: config.Dispatcher{Listen: dispAddr, WebhookSecret: secret,
+		Dispatcher: config.Dispatcher{Listen: dispAddr, WebhookSecret: secret, Page: config.Page{Listen: "127.0.0.1:0"},
 			GitHub: config.GitHub{APIURL: simURL, Token: "sim-token", Scope: "org", Org: "example-org"}},
 		Watchdog: config.Watchdog{Listen: "127.0.0.1:0", ProvisionTimeout: 30 * time.Second, RegistrationTimeout: 30 * time.Second, TeardownTimeout: 30 * time.Second,
 			HostTTL: 10 * time.Second, DemandWaitingAfter: 30 * time.Second, DemandWaitingEvery: time.Minute},

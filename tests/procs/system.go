@@ -286,6 +286,7 @@ func (s *System) startServices(o Options, dispAddrs []string) {
 		c.NATS.NKeyFile = s.seedFile(natsauth.RoleDispatcher)
 		c.Instance = strconv.Itoa(i + 1)
 		c.Dispatcher.Listen = dispAddrs[i]
+		c.Dispatcher.Page.Listen = "127.0.0.1:0" // several dispatchers on one machine
 		s.Dispatchers = append(s.Dispatchers, s.service(o, fmt.Sprintf("dispatcher-%d", i), &c, "dispatcher"))
 	}
 	for i := range o.Watchdogs {

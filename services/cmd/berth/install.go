@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"time"
@@ -43,13 +44,21 @@ func agentInstallCmd() *cobra.Command {
 				return err
 			}
 			o.Chown = o.Root == "/" && os.Geteuid() == 0
+			o.Preview = filepath.Clean(o.Root) != "/"
 			res, err := install.Install(o)
 			if err != nil {
 				return usageError{err}
 			}
 			out := cmd.OutOrStdout()
+			// Paths as they are on this machine: under --root in a preview.
 			for _, p := range res.Written {
-				fmt.Fprintf(out, "wrote %s\n", p)
+				fmt.Fprintf(out, "wrote %s\n", filepath.Join(o.Root, p))
+			}
+			for _, p := range res.Unchanged {
+				fmt.Fprintf(out, "unchanged %s (already as it would be written)\n", filepath.Join(o.Root, p))
+			}
+			for _, n := range res.Notes {
+				fmt.Fprintf(out, "note: %s\n", n)
 			}
 			what := "to start the agent"
 			if o.Platform == install.Darwin {

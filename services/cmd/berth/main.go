@@ -52,15 +52,22 @@ func main() {
 		return
 	}
 	fmt.Fprintln(os.Stderr, "berth:", err)
+	os.Exit(exitCode(err))
+}
+
+// exitCode is the README's exit code for a command's error.
+func exitCode(err error) int {
 	var ue usageError
 	var ne natsError
 	switch {
+	case err == nil:
+		return 0
 	case errors.As(err, &ue), unknownCommand(err):
-		os.Exit(exitUsage)
+		return exitUsage
 	case errors.As(err, &ne):
-		os.Exit(exitNATS)
+		return exitNATS
 	}
-	os.Exit(exitFailed)
+	return exitFailed
 }
 
 func root() *cobra.Command {
@@ -76,6 +83,9 @@ func root() *cobra.Command {
 				return usageError{err}
 			}
 			slog.SetDefault(logger)
+			if err := checkNATSURL(natsURL); err != nil {
+				return usageError{err}
+			}
 			run.ClientNKey, run.ClientCreds = natsNKey, os.Getenv("BERTH_NATS_CREDS")
 			return nil
 		},
@@ -173,6 +183,9 @@ func devCmd() *cobra.Command {
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "berth dev: NATS %s, webhooks http://%s/webhook, watchdog http://%s/healthz; Ctrl-C stops\n",
 				sys.NATSURL, sys.DispatcherAddr, sys.WatchdogAddr)
+			if sys.PageAddr != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), "berth dev: the fleet at a glance: http://%s/\n", sys.PageAddr)
+			}
 			return waitFor(ctx, cancel, sys)
 		},
 	}
@@ -350,6 +363,9 @@ func eventsCmd(natsURL *string) *cobra.Command {
 	cmd.Flags().StringVar(&f.Pool, "pool", "", "pool name")
 	cmd.Flags().StringVar(&f.Host, "host", "", "host name")
 	cmd.Flags().StringVar(&f.Attempt, "attempt", "", "attempt id (runner name)")
+	for flag, kind := range map[string]string{"job": nameJob, "pool": namePool, "host": nameHost, "attempt": nameAttempt} {
+		_ = cmd.RegisterFlagCompletionFunc(flag, completeNames(natsURL, kind))
+	}
 	return cmd
 }
 
@@ -486,6 +502,7 @@ func hostActionCmd(natsURL *string, action, short string) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why (shown in status and the log)")
+	cmd.ValidArgsFunction = firstArg(completeNames(natsURL, nameHost))
 	return cmd
 }
 
@@ -556,6 +573,7 @@ func releaseCmd(natsURL *string) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&force, "force", false, "release even if its runner is running a job (that job will fail)")
+	cmd.ValidArgsFunction = firstArg(completeNames(natsURL, nameAttempt))
 	return cmd
 }
 

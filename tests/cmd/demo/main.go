@@ -13,6 +13,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -55,34 +57,87 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The first Ctrl-C stops the run and the system (within seconds,
+	// saying what it waits for); a second one exits at once.
+	context.AfterFunc(ctx, func() {
+		fmt.Println("\ninterrupted: summarising what happened, then stopping (Ctrl-C again exits at once)")
+		secondInterruptExits(o.DataDir)
+	})
 	fmt.Printf("Berth demo: %d jobs over pools linux (4 slots/host) and macos (2 slots/host) on hosts host-a and host-b\n", o.Jobs)
-	fmt.Println("building the simulated runner and starting NATS, dispatcher, watchdog, 2 agents and the GitHub simulator…")
+	fmt.Println("building the simulated runner (`go build ./tests/cmd/ghsim`: a minute on a cold build cache) and starting NATS, dispatcher, watchdog, 2 agents and the GitHub simulator…")
 	start := time.Now()
 	f, err := harness.Start(ctx, o)
 	if err != nil {
 		fail(err, cleanup)
 	}
-	fmt.Printf("up in %s: NATS %s, dispatcher http://%s, GitHub simulator %s\n",
-		time.Since(start).Round(100*time.Millisecond), f.Sys.NATSURL, f.Sys.DispatcherAddr, f.Sim.URL())
+	fmt.Printf("up in %s: NATS %s, dispatcher http://%s, watchdog http://%s, agents %s, GitHub simulator %s\n",
+		time.Since(start).Round(100*time.Millisecond), f.Sys.NATSURL, f.Sys.DispatcherAddr, f.Sys.WatchdogAddr, agents(f), f.Sim.URL())
+	fmt.Printf("the fleet at a glance, live in a browser: http://%s/\n", f.Sys.PageAddr)
 	rep, err := f.Drive(ctx, o)
 	rep.Elapsed = time.Since(start)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 	}
-	harness.PrintSummary(os.Stdout, rep, keep && err == nil)
-	if keep && err == nil {
+	harness.PrintSummary(os.Stdout, rep, keep && err == nil && !rep.Interrupted)
+	if keep && err == nil && !rep.Interrupted {
 		fmt.Println("Ctrl-C stops it.")
 		<-ctx.Done()
 	}
-	fmt.Println("stopping…")
-	if serr := f.Stop(); serr != nil {
+	fmt.Println("stopping… (Ctrl-C again exits at once)")
+	if serr := stopShowingProgress(f); serr != nil {
 		fmt.Fprintln(os.Stderr, "demo: shutdown:", serr)
 	}
 	cleanup()
-	if err != nil || !rep.OK() {
+	switch {
+	case rep.Interrupted:
+		fmt.Println("stopped.")
+		os.Exit(130)
+	case err != nil || !rep.OK():
 		os.Exit(1)
 	}
 	fmt.Println("stopped.")
+}
+
+// agents lists the agents' addresses (their /healthz and /metrics).
+func agents(f *harness.Fleet) string {
+	var out []string
+	for host, addr := range f.Sys.AgentAddrs {
+		out = append(out, host+" http://"+addr)
+	}
+	sort.Strings(out)
+	return strings.Join(out, ", ")
+}
+
+// secondInterruptExits makes the next Ctrl-C (or SIGTERM) end the process
+// at once, saying what it leaves behind.
+func secondInterruptExits(dataDir string) {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sigs
+		fmt.Fprintf(os.Stderr, "\ninterrupted again: exiting now without waiting; left behind: %s (remove it) and any runner processes still running\n", dataDir)
+		os.Exit(130)
+	}()
+}
+
+// stopShowingProgress stops the fleet, saying every 2 s what it still
+// waits for.
+func stopShowingProgress(f *harness.Fleet) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Stop() }()
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	began := time.Now()
+	for {
+		select {
+		case err := <-done:
+			fmt.Printf("stopped everything in %s\n", time.Since(began).Round(100*time.Millisecond))
+			return err
+		case <-t.C:
+			fmt.Printf("stopping (%s): waiting for %s (agents stop the VMs still running; each stop is bounded)\n",
+				time.Since(began).Round(time.Second), strings.Join(f.Sys.Running(), ", "))
+		}
+	}
 }
 
 func fail(err error, cleanup func()) {

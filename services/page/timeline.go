@@ -1,0 +1,168 @@
+package page
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// MaxTimeline caps the facts one job's timeline reads from the log.
+const MaxTimeline = 500
+
+// Fact is one stored fact of a job's timeline, as the page shows it.
+type Fact struct {
+	Seq     uint64
+	Time    time.Time
+	Type    string // short: "job.queued", "attempt.placed"
+	Attempt string // "" for the job's own facts
+	Host    string
+	Author  string // the role the subject names (law 10)
+	Detail  string // the payload's allowlisted fields (detailKeys)
+}
+
+// AttemptOutcome is one attempt of the job as the fold sums it up.
+type AttemptOutcome struct {
+	ID, Pool, Host string
+	Outcome        string
+}
+
+// Timeline is one job's page.
+type Timeline struct {
+	Job      JobRow
+	Attempts []AttemptOutcome
+	Facts    []Fact
+	// Truncated: the job has more than MaxTimeline facts; the first are shown.
+	Truncated bool
+}
+
+// detailKeys are the payload fields a timeline shows, in this order:
+// never a sealed JIT config, a delivery id or a label set's payload.
+var detailKeys = []string{"conclusion", "runner_name", "bound_job_id", "step", "reason", "culprit", "error", "late", "ended", "took_ns"}
+
+// attemptsOf is the subject filters of job's facts (its own subject and
+// each of its attempts'), with what the fold says of each attempt.
+func attemptsOf(f *events.Fleet, job int64) ([]string, []AttemptOutcome) {
+	filters := []string{events.JobSubject(job)}
+	var out []AttemptOutcome
+	for _, a := range f.Attempts {
+		if a.JobID != job && a.BoundJobID != job {
+			continue
+		}
+		out = append(out, AttemptOutcome{ID: a.ID, Pool: a.Pool, Host: a.Host, Outcome: outcome(a)})
+		if a.Host != "" {
+			filters = append(filters, events.AttemptFilter(a.Host, a.ID))
+		}
+	}
+	sort.Slice(out, func(i, k int) bool { return out[i].ID < out[k].ID })
+	return filters, out
+}
+
+// outcome is an attempt's state in words, from the fold.
+func outcome(a *events.Attempt) string {
+	var parts []string
+	switch {
+	case a.Released:
+		r := "slot released: " + a.ReleaseReason
+		if a.ReleaseCulprit != "" {
+			r += " (charged to " + a.ReleaseCulprit + ")"
+		}
+		parts = append(parts, r)
+	case a.Reserved:
+		parts = append(parts, "slot held")
+	}
+	if a.Failed {
+		c := a.FailedCulprit
+		if c == "" {
+			c = "host"
+		}
+		parts = append(parts, fmt.Sprintf("%s failed (charged to %s)", a.FailedStep, c))
+	}
+	switch {
+	case a.Abandoned && !a.Stopped:
+		parts = append(parts, "VM abandoned in "+a.AbandonedStep)
+	case a.Stopped:
+		parts = append(parts, "VM stopped")
+	case a.TeardownReq:
+		parts = append(parts, "teardown asked: "+a.TeardownReason)
+	case a.RunnerStarted:
+		parts = append(parts, "runner started")
+	case a.Provisioning:
+		parts = append(parts, "provisioning")
+	}
+	return strings.Join(parts, "; ")
+}
+
+// readFacts reads the facts on filters from the log, in log order, at
+// most MaxTimeline, with batched direct gets (eventlog.Scan, what `berth
+// events --job` reads): no consumer, which the dispatcher's permissions
+// grant only under its own name. It says whether more were left.
+func readFacts(ctx context.Context, js jetstream.JetStream, filters []string) ([]Fact, bool, error) {
+	var all []events.Event
+	for _, filter := range filters {
+		if _, err := eventlog.Scan(ctx, js, filter, 1, 0, func(d eventlog.Delivered) error {
+			if d.Err == nil {
+				all = append(all, d.Event)
+			}
+			return nil
+		}); err != nil {
+			return nil, false, fmt.Errorf("read the job's facts: %w", err)
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].Seq < all[j].Seq })
+	more := len(all) > MaxTimeline
+	if more {
+		all = all[:MaxTimeline]
+	}
+	out := make([]Fact, len(all))
+	for i, e := range all {
+		out[i] = factOf(e)
+	}
+	return out, more, nil
+}
+
+// factOf is e as a timeline row: where it stands (from its subject) and
+// its allowlisted fields.
+func factOf(e events.Event) Fact {
+	f := Fact{Seq: e.Seq, Time: e.Time, Type: strings.TrimSuffix(strings.TrimPrefix(e.Type(), "berth."), ".v1")}
+	// berth.evt.attempt.<host>.<attempt>.<author>, berth.evt.job.<id>
+	parts := strings.Split(strings.TrimPrefix(e.Subject, events.SubjectPrefix+"."), ".")
+	if len(parts) == 4 && parts[0] == "attempt" {
+		f.Host, f.Attempt, f.Author = parts[1], parts[2], parts[3]
+	}
+	b, err := json.Marshal(e.Data)
+	if err != nil {
+		return f
+	}
+	var m map[string]any
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber() // ids stay ids, not 1.2e+06
+	if dec.Decode(&m) != nil {
+		return f
+	}
+	var d []string
+	for _, k := range detailKeys {
+		v, ok := m[k]
+		if !ok || v == "" || v == nil || v == false {
+			continue
+		}
+		if k == "took_ns" {
+			if n, ok := v.(json.Number); ok {
+				if ns, err := n.Int64(); err == nil {
+					v = time.Duration(ns).Round(time.Millisecond)
+				}
+			}
+			k = "took"
+		}
+		d = append(d, fmt.Sprintf("%s=%v", k, v))
+	}
+	f.Detail = strings.Join(d, " ")
+	return f
+}

@@ -439,13 +439,20 @@ func (a *Agent) startStop(ctx context.Context, at *events.Attempt) {
 	go func() {
 		defer a.wg.Done()
 		crashpoint.Hit(crashpoint.AgentBeforeStop)
-		var ended string
-		err, late := a.stepLate(ctx, a.opts.StopTimeout, func(c context.Context) (err error) {
-			ended, err = backend.StopEnded(c, a.backend, vm)
+		// How the stop ended comes through a channel: a stop that overruns
+		// its deadline still returns later, on its own goroutine.
+		endedc := make(chan string, 1)
+		err, late := a.stepLate(ctx, a.opts.StopTimeout, func(c context.Context) error {
+			e, err := backend.StopEnded(c, a.backend, vm)
+			endedc <- e
 			return err
 		})
-		if err != nil {
-			ended = "" // read only what a stop that returned in time said
+		var ended string
+		if err == nil { // read only what a stop that returned in time said
+			select {
+			case ended = <-endedc:
+			default:
+			}
 		}
 		if late != nil {
 			go a.awaitLateStop(ctx, r, vm, late, logger)

@@ -13,6 +13,9 @@ func (f *Fleet) Apply(e Event) {
 	if e.Seq > f.LastSeq {
 		f.LastSeq = e.Seq
 	}
+	if f.settledFact(e) {
+		return // about a job or an attempt that is over: harmless (history.go)
+	}
 	switch d := e.Data.(type) {
 	case *JobQueued:
 		f.jobFact(d.JobRef, StatusQueued, e.Time, "", "")
@@ -42,6 +45,7 @@ func (f *Fleet) Apply(e Event) {
 			if p := f.pool(d.Pool); d.N > p.WarmMinted {
 				p.WarmMinted = d.N
 			}
+		} else if f.Settled(d.JobID) {
 		} else if j := f.job(d.JobID); d.N > j.Minted {
 			j.Minted = d.N
 		}
@@ -156,6 +160,7 @@ func (f *Fleet) Apply(e Event) {
 			if d.Resources != nil {
 				h.Resources = *d.Resources
 			}
+			f.poolsChanged()
 		}
 		f.hostState(h, e, HostStateOnline)
 	case *HostDraining:
@@ -222,9 +227,13 @@ func (f *Fleet) Skip(seq uint64, subject string) {
 
 func (f *Fleet) jobFact(r JobRef, st JobStatus, at time.Time, runner, conclusion string) {
 	if r.Delivery != "" {
-		if seen, ok := f.Deliveries[r.Delivery]; !ok || at.Before(seen) {
+		if seen, ok := f.Deliveries[r.Delivery]; (!ok && !f.DeliveryStored(r.Delivery)) || (ok && at.Before(seen)) {
 			f.Deliveries[r.Delivery] = at
 		}
+	}
+	f.sawRepo(r.Org, r.Repo, at)
+	if f.Settled(r.JobID) {
+		return // a redelivery of a job that is over
 	}
 	j := f.job(r.JobID)
 	if j.RunID == 0 {
@@ -366,33 +375,68 @@ func (f *Fleet) alarm(key string) *Alarm {
 const DeliveryMemory = 73 * time.Hour
 
 // Compact drops terminal records older than retention (law 5: memory is flat
-// in the number of jobs served). A completed job is dropped once none of its
-// attempts is live; a terminal attempt once its last fact is that old. Keep
-// retention above GitHub's 3-day redelivery window in production, so a late
-// redelivery still finds the job it would otherwise resurrect.
+// in the number of jobs served), after leaving, from DefaultSettleAfter on,
+// only the ids of what is over (CompactAfter). Keep retention above
+// GitHub's 3-day redelivery window in production, so a late redelivery
+// still finds the job it would otherwise resurrect.
 func (f *Fleet) Compact(now time.Time, retention time.Duration) (jobs, attempts int) {
+	return f.CompactAfter(now, DefaultSettleAfter, retention)
+}
+
+// CompactAfter is Compact with the settling time given. A completed job is
+// dropped once none of its attempts is live; a terminal attempt once its
+// last fact is retention old. Before that, once its last fact is settle
+// old (or retention, if shorter), a job or an attempt that is over and
+// that nothing can act on any more leaves only its id and when it ended
+// (history.go, issue 19): a few bytes instead of a record, enough to make
+// a redelivered webhook or a late fact about it harmless; the id is
+// dropped at the retention.
+func (f *Fleet) CompactAfter(now time.Time, settle, retention time.Duration) (jobs, attempts int) {
 	cut := now.Add(-retention)
+	scut := now.Add(-min(settle, retention))
+	pk := &f.history.peaks
+	pk.jobs, pk.attempts = max(pk.jobs, len(f.Jobs)), max(pk.attempts, len(f.Attempts))
+	pk.byRunner, pk.deliveries = max(pk.byRunner, len(f.byRunner)), max(pk.deliveries, len(f.Deliveries))
+	defer func() {
+		f.Jobs, f.Attempts = shrunk(f.Jobs, &pk.jobs), shrunk(f.Attempts, &pk.attempts)
+		f.byRunner, f.Deliveries = shrunk(f.byRunner, &pk.byRunner), shrunk(f.Deliveries, &pk.deliveries)
+	}()
+	var settledA []tomb[string]
+	var settledP []tomb[uint64]
 	for id, a := range f.Attempts {
-		if a.Terminal() && a.LastAt.Before(cut) {
-			delete(f.Attempts, id)
-			f.markAttempt(id)
-			attempts++
+		switch {
+		case f.settleAttempt(a, scut):
+			if k, ok := packAttempt(id); ok {
+				settledP = append(settledP, tomb[uint64]{k, a.LastAt.Unix()})
+			} else {
+				settledA = append(settledA, tomb[string]{id, a.LastAt.Unix()})
+			}
+		case a.Terminal() && a.LastAt.Before(cut):
+		default:
+			continue
 		}
+		delete(f.Attempts, id)
+		f.markAttempt(id)
+		attempts++
 	}
 	// A job stays while an attempt booked for it, or whose runner took it,
 	// is live: its binding is how that attempt is accounted for (law 6, 8).
-	busy := map[int64]bool{}
+	// It settles only once no record of those attempts is left.
+	busy, kept := map[int64]bool{}, map[int64]bool{}
 	for _, a := range f.Attempts {
 		if !a.Terminal() {
 			busy[a.JobID], busy[f.byRunner[a.ID]] = true, true
 		}
+		kept[a.JobID], kept[f.byRunner[a.ID]] = true, true
 	}
+	var settledJ []tomb[int64]
 	for id, j := range f.Jobs {
+		settle := f.settleJob(j, scut) && !kept[id]
 		done := j.Status == StatusCompleted && j.CompletedAt.Before(cut)
 		// A job only attempts mention (no webhook ever came) is kept while
 		// they are live, and dropped with them.
 		orphan := j.Status == StatusUnknown
-		if (done || orphan || (j.Unschedulable && j.QueuedAt.Before(cut))) && !busy[id] {
+		if (settle || done || orphan || (j.Unschedulable && j.QueuedAt.Before(cut))) && !busy[id] {
 			for _, r := range []string{j.Runner, j.AlsoOn} {
 				if r != "" && f.byRunner[r] == id {
 					delete(f.byRunner, r)
@@ -402,6 +446,28 @@ func (f *Fleet) Compact(now time.Time, retention time.Duration) (jobs, attempts 
 			delete(f.Jobs, id)
 			f.markJob(id)
 			jobs++
+			if settle {
+				settledJ = append(settledJ, tomb[int64]{id, j.CompletedAt.Unix()})
+			}
+		}
+	}
+	f.history.jobs.add(settledJ)
+	f.history.attempts.add(settledA)
+	f.history.placements.add(settledP)
+	f.dropOld(now, cut, scut, retention)
+	return jobs, attempts
+}
+
+// dropOld drops what the retention no longer keeps: settled ids, polled
+// repositories and cleared alarms older than cut, delivery ids older than
+// the delivery memory; and settles the delivery ids older than scut.
+func (f *Fleet) dropOld(now, cut, scut time.Time, retention time.Duration) {
+	f.history.jobs.dropBefore(cut.Unix())
+	f.history.attempts.dropBefore(cut.Unix())
+	f.history.placements.dropBefore(cut.Unix())
+	for k, at := range f.history.repos {
+		if at < cut.Unix() {
+			delete(f.history.repos, k)
 		}
 	}
 	for k, a := range f.Alarms {
@@ -415,5 +481,5 @@ func (f *Fleet) Compact(now time.Time, retention time.Duration) (jobs, attempts 
 			delete(f.Deliveries, id)
 		}
 	}
-	return jobs, attempts
+	f.settleDeliveries(scut, dcut.Unix())
 }

@@ -205,7 +205,7 @@ func (f *Fleet) count(c contribution, pool, host string, job int64, d int) {
 			h.AbandonedVMs += d
 		}
 	}
-	if c.failed && job != 0 {
+	if c.failed && job != 0 && !f.Settled(job) {
 		f.job(job).FailedAttempts += d
 	}
 }

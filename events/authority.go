@@ -170,6 +170,9 @@ func Admit(f *Fleet, e Event) (Role, error) {
 	}
 	a := f.Attempts[id]
 	switch {
+	case a == nil && f.SettledAttempt(id):
+		// Over and settled into its id: a late fact about it is absorbed
+		// by the fold (history.go), not refused as a forgery.
 	case a != nil && a.Host != "" && a.Host != host:
 		return "", fmt.Errorf("%w: %s about attempt %s on %s's subject, but the attempt is on host %s", ErrForged, e.Data.EventType(), id, host, a.Host)
 	case role != RoleDispatcher && (a == nil || !(a.Reserved || a.Placed)):

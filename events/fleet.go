@@ -157,6 +157,9 @@ type Fleet struct {
 
 	byRunner map[string]int64 // runner name → job it took
 	live     live             // what deciders still act on (live.go)
+	labels   poolLabels       // each pool's runner labels, kept from the hosts' announcements
+	history  history          // the ids of jobs and attempts that are over (history.go)
+	sawJobs  bool             // a job fact was folded: this fold binds runners to jobs
 }
 
 // NewFleet returns an empty projection.
@@ -216,6 +219,7 @@ func (f *Fleet) job(id int64) *Job {
 }
 
 func (f *Fleet) host(name string) *Host {
+	f.markHost(name)
 	h, ok := f.Hosts[name]
 	if !ok {
 		h = &Host{Name: name, Held: map[string]int{}, BookedIn: map[string]int{}, Pools: map[string]PoolSlots{}}
@@ -250,8 +254,20 @@ func (f *Fleet) Capacity(pool string) int {
 }
 
 // PoolLabels maps each advertised pool to its runner labels (from the hosts
-// that offer it; the newest advertisement wins).
+// that offer it; the newest advertisement wins). It is kept by the fold:
+// built on first use and again only after a host's announcement changed a
+// pool, so a decision round does not walk every host. The map is shared:
+// callers must not modify it.
 func (f *Fleet) PoolLabels() map[string][]string {
+	if !f.labels.ok {
+		f.labels.byPool, f.labels.match = f.scanPoolLabels(), nil
+		f.labels.ok = true
+	}
+	return f.labels.byPool
+}
+
+// scanPoolLabels is PoolLabels from a walk over every host.
+func (f *Fleet) scanPoolLabels() map[string][]string {
 	out := map[string][]string{}
 	newest := map[string]stamp{}
 	for _, h := range f.Hosts {
@@ -262,4 +278,28 @@ func (f *Fleet) PoolLabels() map[string][]string {
 		}
 	}
 	return out
+}
+
+// poolLabels caches PoolLabels and a Matcher over them; gen counts the
+// changes, so an index keyed by pool (live.go) knows to re-match.
+type poolLabels struct {
+	ok     bool
+	gen    uint64
+	byPool map[string][]string
+	match  *Matcher
+}
+
+// poolsChanged drops the cached pool labels: a host announced other pools.
+func (f *Fleet) poolsChanged() {
+	f.labels.ok = false
+	f.labels.gen++
+}
+
+// matcher is a Matcher over PoolLabels, kept with them.
+func (f *Fleet) matcher() *Matcher {
+	labels := f.PoolLabels()
+	if f.labels.match == nil {
+		f.labels.match = NewMatcher(labels)
+	}
+	return f.labels.match
 }

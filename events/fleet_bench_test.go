@@ -57,6 +57,7 @@ const (
 func benchLifecycle(id int64, host string, st stage) []events.Payload {
 	labels := benchJobLabels[id%int64(len(benchJobLabels))]
 	pool := events.MatchPool(labels, benchPools)
+	// Delivery ids are UUIDs, as GitHub's are: one per webhook.
 	ref := events.JobRef{Delivery: fmt.Sprintf("%08x-0000-4000-8000-%012x", id, id), JobID: id, RunID: 7000 + id, RunAttempt: 1,
 		Org: "example-org", Repo: "example-repo", Name: "build (" + strconv.FormatInt(id%7, 10) + ")", Labels: labels}
 	att := events.AttemptID(id, 1)
@@ -66,7 +67,7 @@ func benchLifecycle(id int64, host string, st stage) []events.Payload {
 		return out
 	}
 	inProgress := ref
-	inProgress.Delivery += "-p"
+	inProgress.Delivery = fmt.Sprintf("%08x-0001-4000-8000-%012x", id, id)
 	out = append(out,
 		&events.SlotReserved{Pool: pool, Host: host, Attempt: att, JobID: id, N: 1, Labels: benchPools[pool]},
 		&events.AttemptPlaced{AttemptRef: ar, JobID: id, Labels: benchPools[pool], RunnerID: 100 + id, SealedJIT: sealed, SealedBy: "XDISPATCHER", SealedTo: "X" + host},
@@ -78,7 +79,7 @@ func benchLifecycle(id int64, host string, st stage) []events.Payload {
 		return out
 	}
 	completed := ref
-	completed.Delivery += "-c"
+	completed.Delivery = fmt.Sprintf("%08x-0002-4000-8000-%012x", id, id)
 	return append(out,
 		&events.JobCompleted{JobRef: completed, Conclusion: "success", RunnerName: att, RunnerID: 100 + id},
 		&events.SlotReleased{Pool: pool, Host: host, Attempt: att, Reason: events.ReleaseCompleted, JobID: id},
@@ -124,7 +125,15 @@ func benchFleet(n int) *events.Fleet {
 // keeps every job (as it does within the retention), and reports the heap the
 // fold retains per job after a forced GC. The facts are made by encoding and
 // decoding, off the clock, so they own their memory as delivered facts do.
-func BenchmarkApplyLifecycle(b *testing.B) {
+func BenchmarkApplyLifecycle(b *testing.B) { benchLifecycles(b, false) }
+
+// BenchmarkSettledLifecycle is BenchmarkApplyLifecycle with the jobs
+// settled afterwards (Compact an hour after the last, at the default 72 h
+// retention): what a finished job costs once only its ids are left (issue
+// 19: a few bytes, not a record).
+func BenchmarkSettledLifecycle(b *testing.B) { benchLifecycles(b, true) }
+
+func benchLifecycles(b *testing.B, settle bool) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.GC()
@@ -160,11 +169,17 @@ func BenchmarkApplyLifecycle(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*10), "ns/event")
 	batch = nil
+	if settle {
+		f.Compact(t0.Add(time.Duration(seq)*time.Millisecond+time.Hour), 72*time.Hour)
+		if jobs, _ := f.SettledCounts(); jobs != b.N {
+			b.Fatalf("%d jobs settled after %d lifecycles", jobs, b.N)
+		}
+	}
 	runtime.GC()
 	runtime.GC()
 	runtime.ReadMemStats(&after)
-	if len(f.Jobs) != b.N {
-		b.Fatalf("fleet holds %d jobs after %d lifecycles", len(f.Jobs), b.N)
+	if jobs, _ := f.SettledCounts(); len(f.Jobs)+jobs != b.N {
+		b.Fatalf("fleet holds %d jobs after %d lifecycles", len(f.Jobs)+jobs, b.N)
 	}
 	b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/float64(b.N), "retained-B/job")
 	b.ReportMetric(float64(int64(after.HeapObjects)-int64(before.HeapObjects))/float64(b.N), "retained-objs/job")
@@ -261,6 +276,42 @@ func BenchmarkMatchPool(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				if events.MatchPool(benchJobLabels[i%len(benchJobLabels)], c.pools) == "" {
 					b.Fatal("no pool matched")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkDecisionIndexes is what a decision round pays to read the fold's
+// indexes (issue 19) with a backlog of n queued jobs and 500 hosts: one job
+// queued and one taken per op (the index moves twice), then the pool's
+// demand count, its oldest job, and the hosts with room. It should not grow
+// with n.
+func BenchmarkDecisionIndexes(b *testing.B) {
+	for _, n := range []int{1000, 10000, 100000} {
+		b.Run("backlog="+strconv.Itoa(n), func(b *testing.B) {
+			l := &benchLog{f: events.NewFleet()}
+			l.add(benchHosts(500, 16)...)
+			for i := 0; i < n; i++ {
+				l.add(benchLifecycle(int64(i+1), "", stageQueued)...)
+			}
+			next := int64(n + 1)
+			f := l.f
+			f.DemandCount("linux") // builds the indexes, off the clock
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				l.add(benchLifecycle(next, "", stageQueued)...)
+				l.add(&events.JobInProgress{JobRef: events.JobRef{JobID: next - int64(n), RunID: 1}, RunnerName: "other"})
+				next++
+				if f.DemandCount("linux") == 0 {
+					b.Fatal("no demand")
+				}
+				for range f.DemandOldest("linux") {
+					break
+				}
+				for range f.HostsWithRoom("linux") {
+					break
 				}
 			}
 		})

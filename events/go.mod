@@ -4,6 +4,8 @@ go 1.26
 
 require pgregory.net/rapid v1.3.0
 
+require github.com/google/btree v1.1.3
+
 require (
 	github.com/segmentio/asm v1.1.3 // indirect
 	github.com/segmentio/encoding v0.5.4

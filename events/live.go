@@ -3,6 +3,9 @@ package events
 import (
 	"iter"
 	"maps"
+	"time"
+
+	"github.com/google/btree"
 )
 
 // live indexes the records a decider may still act on, so that the
@@ -20,6 +23,48 @@ type live struct {
 	unquiet       map[string]*Attempt // the live attempts less the quiet ones (a subset)
 	dirtyJobs     map[int64]struct{}
 	dirtyAttempts map[string]struct{}
+	demand        demandIndex
+	conflicts     map[int64]*Job // open jobs with a conflict to record (a subset of jobs)
+	// shapeless: jobs in demand that match no pool and name a machine
+	// shape (a berth- label): each is unschedulable unless a pool offers
+	// the shape (events.UnknownShape), kept here so a round need not walk
+	// the backlog to find them.
+	shapeless map[int64]*Job
+	// roomy holds, per pool, the hosts a booking there may go to: they
+	// offer the pool, accept placements, have a curve key to seal to, a
+	// free slot of the pool and physical room. filed is the pools each
+	// host is in.
+	roomy      map[string]map[string]*Host
+	filed      map[string][]string
+	dirtyHosts map[string]struct{}
+}
+
+// demandIndex keeps the jobs in demand (Job.Demand) per pool their labels
+// match, oldest first, so a decision round reads how many wait and takes
+// the oldest few without walking the backlog. Matching depends on the
+// pools' labels: when a host's announcement changes them (gen), the index
+// is matched again from the open jobs.
+type demandIndex struct {
+	gen    uint64
+	byPool map[string]*btree.BTreeG[demandItem]
+	of     map[int64]demandItem // job → its entry, to find it again when the job changes
+}
+
+// demandItem is a job's place in its pool's queue: the queued time and id
+// it was filed under (a job's queued time can move earlier, so the entry
+// keeps the key it was inserted with).
+type demandItem struct {
+	at   time.Time
+	id   int64
+	pool string
+	job  *Job
+}
+
+func olderDemand(a, b demandItem) bool {
+	if !a.at.Equal(b.at) {
+		return a.at.Before(b.at)
+	}
+	return a.id < b.id
 }
 
 // open reports whether a decider may still act on the job: it is demand,
@@ -114,6 +159,12 @@ func (f *Fleet) markJob(id int64) {
 	}
 }
 
+func (f *Fleet) markHost(name string) {
+	if f.live.built {
+		f.live.dirtyHosts[name] = struct{}{}
+	}
+}
+
 func (f *Fleet) markAttempt(id string) {
 	if f.live.built {
 		f.live.dirtyAttempts[id] = struct{}{}
@@ -126,12 +177,20 @@ func (f *Fleet) settle() {
 	l := &f.live
 	if !l.built {
 		*l = live{built: true, jobs: map[int64]*Job{}, attempts: map[string]*Attempt{}, vms: map[string]*Attempt{}, unquiet: map[string]*Attempt{},
-			dirtyJobs: map[int64]struct{}{}, dirtyAttempts: map[string]struct{}{}}
+			dirtyJobs: map[int64]struct{}{}, dirtyAttempts: map[string]struct{}{}, conflicts: map[int64]*Job{}, shapeless: map[int64]*Job{},
+			roomy: map[string]map[string]*Host{}, filed: map[string][]string{}, dirtyHosts: map[string]struct{}{}}
+		for _, h := range f.Hosts {
+			f.fileHost(h)
+		}
 		for id, j := range f.Jobs {
 			if j.open() {
 				l.jobs[id] = j
 			}
+			if j.conflictToRecord() {
+				l.conflicts[id] = j
+			}
 		}
+		f.rematchDemand()
 		for id, a := range f.Attempts {
 			if f.actionable(a) {
 				l.attempts[id] = a
@@ -145,14 +204,33 @@ func (f *Fleet) settle() {
 		}
 		return
 	}
+	for name := range l.dirtyHosts {
+		if h := f.Hosts[name]; h != nil {
+			f.fileHost(h)
+		}
+	}
+	clear(l.dirtyHosts)
+	rematch := l.demand.gen != f.labels.gen
 	for id := range l.dirtyJobs {
-		if j := f.Jobs[id]; j != nil && j.open() {
+		j := f.Jobs[id]
+		if j != nil && j.open() {
 			l.jobs[id] = j
 		} else {
 			delete(l.jobs, id)
 		}
+		if j != nil && j.conflictToRecord() {
+			l.conflicts[id] = j
+		} else {
+			delete(l.conflicts, id)
+		}
+		if !rematch {
+			f.fileDemand(id, j)
+		}
 	}
 	clear(l.dirtyJobs)
+	if rematch {
+		f.rematchDemand()
+	}
 	for id := range l.dirtyAttempts {
 		a := f.Attempts[id]
 		if a != nil && f.actionable(a) {
@@ -172,4 +250,137 @@ func (f *Fleet) settle() {
 		}
 	}
 	clear(l.dirtyAttempts)
+}
+
+// rematchDemand files every open job in demand under the pool it matches
+// now (the index's first build, or the pools' labels changed).
+func (f *Fleet) rematchDemand() {
+	d := &f.live.demand
+	*d = demandIndex{gen: f.labels.gen, byPool: map[string]*btree.BTreeG[demandItem]{}, of: map[int64]demandItem{}}
+	for id, j := range f.live.jobs {
+		f.fileDemand(id, j)
+	}
+}
+
+// fileDemand moves job id's entry in the demand index to where the job
+// (nil: gone from the fold) now belongs, if anywhere.
+func (f *Fleet) fileDemand(id int64, j *Job) {
+	d := &f.live.demand
+	old, had := d.of[id]
+	var now demandItem
+	want := j != nil && j.Demand()
+	if want {
+		now = demandItem{at: j.QueuedAt, id: id, pool: f.matcher().MatchJob(j), job: j}
+		want = now.pool != ""
+		if !want && namesShape(j.Labels) {
+			f.live.shapeless[id] = j
+		} else {
+			delete(f.live.shapeless, id)
+		}
+	} else {
+		delete(f.live.shapeless, id)
+	}
+	if had && want && old.pool == now.pool && old.at.Equal(now.at) {
+		return
+	}
+	if had {
+		d.byPool[old.pool].Delete(old)
+		delete(d.of, id)
+	}
+	if want {
+		t := d.byPool[now.pool]
+		if t == nil {
+			t = btree.NewG(16, olderDemand)
+			d.byPool[now.pool] = t
+		}
+		t.ReplaceOrInsert(now)
+		d.of[id] = now
+	}
+}
+
+// DemandCount is how many jobs wait for a runner in pool: queued (or in
+// progress on a runner bound to another job), not given up on, and
+// matched to the pool by their labels (MatchPool against PoolLabels).
+func (f *Fleet) DemandCount(pool string) int {
+	f.settle()
+	if t := f.live.demand.byPool[pool]; t != nil {
+		return t.Len()
+	}
+	return 0
+}
+
+// DemandOldest yields the jobs DemandCount counts, oldest first (queued
+// time, then id); it costs O(log n) plus the jobs taken. The jobs must not
+// be modified, and the fold must not change while it runs.
+func (f *Fleet) DemandOldest(pool string) iter.Seq[*Job] {
+	f.settle()
+	t := f.live.demand.byPool[pool]
+	return func(yield func(*Job) bool) {
+		if t == nil {
+			return
+		}
+		t.Ascend(func(it demandItem) bool { return yield(it.job) })
+	}
+}
+
+// ShapelessJobs yields, in no order, the jobs in demand that match no pool
+// and name a machine shape (a berth- label): the candidates for "unknown
+// shape" (UnknownShape). The jobs must not be modified.
+func (f *Fleet) ShapelessJobs() iter.Seq[*Job] {
+	f.settle()
+	return maps.Values(f.live.shapeless)
+}
+
+// namesShape reports whether labels hold a machine-shape label.
+func namesShape(labels []string) bool {
+	for _, l := range labels {
+		if IsShapeLabel(l) {
+			return true
+		}
+	}
+	return false
+}
+
+// ConflictJobs yields, in no order, the jobs a JobConflict fact is due for
+// (Job.ConflictToRecord). The jobs must not be modified.
+func (f *Fleet) ConflictJobs() iter.Seq[*Job] {
+	f.settle()
+	return maps.Values(f.live.conflicts)
+}
+
+// hasRoom reports whether a booking in pool may go to h, as far as the
+// fold says (a round's own bookings can only take room away).
+func (h *Host) hasRoom(pool string) bool {
+	ps, ok := h.Pools[pool]
+	return ok && h.Accepts() && h.CurveKey != "" && ps.Slots-h.Held[pool] > 0 && h.PhysicalCap-h.Booked > 0
+}
+
+// fileHost moves h to the pools it has room in now.
+func (f *Fleet) fileHost(h *Host) {
+	l := &f.live
+	for _, pool := range l.filed[h.Name] {
+		delete(l.roomy[pool], h.Name)
+	}
+	filed := l.filed[h.Name][:0]
+	for pool := range h.Pools {
+		if !h.hasRoom(pool) {
+			continue
+		}
+		if l.roomy[pool] == nil {
+			l.roomy[pool] = map[string]*Host{}
+		}
+		l.roomy[pool][h.Name] = h
+		filed = append(filed, pool)
+	}
+	l.filed[h.Name] = filed
+}
+
+// HostsWithRoom yields, in no order, the hosts a booking in pool may go
+// to as far as the fold says: they offer the pool, accept placements
+// (online, not cordoned), have a curve key, a free slot of the pool and
+// physical room. A full fleet yields nothing at no cost. The hosts must
+// not be modified.
+func (f *Fleet) HostsWithRoom(pool string) iter.Seq[*Host] {
+	f.settle()
+	return maps.Values(f.live.roomy[pool])
 }

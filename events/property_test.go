@@ -1,7 +1,9 @@
 package events_test
 
 import (
+	"cmp"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -192,6 +194,7 @@ func requireIndexed(t *rapid.T, f *events.Fleet, after int) {
 	if !reflect.DeepEqual(gotVMs, wantVMs) {
 		t.Fatalf("after %d events: the VM index holds %v, a full scan finds %v", after, gotVMs, wantVMs)
 	}
+	requireDemandIndexed(t, f, after)
 	gotJobs, gotAttempts := map[int64]bool{}, map[string]bool{}
 	for j := range f.OpenJobs() {
 		gotJobs[j.ID] = true
@@ -202,5 +205,72 @@ func requireIndexed(t *rapid.T, f *events.Fleet, after int) {
 	if !reflect.DeepEqual(gotJobs, wantJobs) || !reflect.DeepEqual(gotAttempts, wantAttempts) {
 		t.Fatalf("after %d events: index holds jobs %v and attempts %v, a full scan finds %v and %v",
 			after, gotJobs, gotAttempts, wantJobs, wantAttempts)
+	}
+}
+
+// requireDemandIndexed: the pool labels the fold keeps equal a walk over
+// the hosts, and the demand index holds, per pool and oldest first, what
+// matching every job in demand against them finds.
+func requireDemandIndexed(t *rapid.T, f *events.Fleet, after int) {
+	if got, want := f.PoolLabels(), f.ScanPoolLabels(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("after %d events: the fold keeps pool labels %v, a walk over the hosts finds %v", after, got, want)
+	}
+	want := map[string][]int64{}
+	for _, j := range f.Jobs {
+		if !j.Demand() {
+			continue
+		}
+		if pool := events.MatchPool(j.Labels, f.PoolLabels()); pool != "" {
+			want[pool] = append(want[pool], j.ID)
+		}
+	}
+	got := map[string][]int64{}
+	for pool := range f.PoolLabels() {
+		n := 0
+		for j := range f.DemandOldest(pool) {
+			got[pool] = append(got[pool], j.ID)
+			n++
+		}
+		if n != f.DemandCount(pool) {
+			t.Fatalf("after %d events: pool %s: DemandCount %d, DemandOldest yields %d", after, pool, f.DemandCount(pool), n)
+		}
+	}
+	for pool, ids := range want {
+		slices.SortFunc(ids, func(a, b int64) int {
+			if c := f.Jobs[a].QueuedAt.Compare(f.Jobs[b].QueuedAt); c != 0 {
+				return c
+			}
+			return cmp.Compare(a, b)
+		})
+		want[pool] = ids
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("after %d events: the demand index holds %v, a full scan finds %v", after, got, want)
+	}
+	for pool := range f.PoolLabels() {
+		wantRoom, gotRoom := map[string]bool{}, map[string]bool{}
+		for name, h := range f.Hosts {
+			if ps, ok := h.Pools[pool]; ok && h.Accepts() && h.CurveKey != "" && ps.Slots-h.Held[pool] > 0 && h.PhysicalCap-h.Booked > 0 {
+				wantRoom[name] = true
+			}
+		}
+		for h := range f.HostsWithRoom(pool) {
+			gotRoom[h.Name] = true
+		}
+		if !reflect.DeepEqual(gotRoom, wantRoom) {
+			t.Fatalf("after %d events: pool %s: the host index has room on %v, a full scan on %v", after, pool, gotRoom, wantRoom)
+		}
+	}
+	wantConflicts, gotConflicts := map[int64]bool{}, map[int64]bool{}
+	for id, j := range f.Jobs {
+		if j.ConflictToRecord() {
+			wantConflicts[id] = true
+		}
+	}
+	for j := range f.ConflictJobs() {
+		gotConflicts[j.ID] = true
+	}
+	if !reflect.DeepEqual(gotConflicts, wantConflicts) {
+		t.Fatalf("after %d events: the conflict index holds %v, a full scan finds %v", after, gotConflicts, wantConflicts)
 	}
 }

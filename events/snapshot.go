@@ -11,8 +11,9 @@ import (
 
 // SnapshotVersion is the shape of MarshalSnapshot's output. A reader that
 // meets another version ignores the snapshot and replays the whole log.
-// 2: hosts count their booked VMs per pool (Host.BookedIn, machine shapes),
-// which a version 1 snapshot lacks.
+// 2: hosts count their booked VMs per pool (Host.BookedIn, machine
+// shapes), and settled jobs and attempts are kept as packed ids, which a
+// version 1 snapshot lacks.
 const SnapshotVersion = 2
 
 // Snapshot shapes: the fold's state, unexported fields included, with every
@@ -37,6 +38,11 @@ type (
 		*Alarm
 		Last snapStamp `json:"last_stamp"`
 	}
+	snapRepo struct {
+		Org  string `json:"org"`
+		Repo string `json:"repo"`
+		At   int64  `json:"at"`
+	}
 	snapshot struct {
 		Version        int                  `json:"version"`
 		LastSeq        uint64               `json:"last_seq"`
@@ -51,6 +57,15 @@ type (
 		ByRunner       map[string]int64     `json:"by_runner"`
 		Deliveries     map[string]time.Time `json:"deliveries,omitempty"`
 		GitHub         GitHubHealth         `json:"github"`
+		// What is left of jobs and attempts that are over (version 2).
+		SettledJobs     tombs[int64]  `json:"settled_jobs,omitempty"`
+		SettledAttempts tombs[string] `json:"settled_attempts,omitempty"`
+		SettledPlaced   tombs[uint64] `json:"settled_placements,omitempty"`
+		SawJobs         bool          `json:"saw_jobs,omitempty"`
+		Repos           []snapRepo    `json:"repos,omitempty"`
+		// SettledDeliveries packs the delivery ids that settled, 24
+		// bytes each (history.go).
+		SettledDeliveries []byte `json:"settled_deliveries,omitempty"`
 	}
 )
 
@@ -63,7 +78,15 @@ func fromSnap(s snapStamp) stamp { return stamp{s.At, s.Seq, s.ID} }
 // a full replay).
 func MarshalSnapshot(f *Fleet) ([]byte, error) {
 	s := snapshot{Version: SnapshotVersion, LastSeq: f.LastSeq, Skipped: f.Skipped, Applied: f.Applied,
-		DemandReported: f.DemandReported, ByRunner: f.byRunner, Deliveries: f.Deliveries, GitHub: f.GitHub}
+		DemandReported: f.DemandReported, ByRunner: f.byRunner, Deliveries: f.Deliveries, GitHub: f.GitHub,
+		SettledJobs: f.history.jobs, SettledAttempts: f.history.attempts, SettledPlaced: f.history.placements, SawJobs: f.sawJobs,
+		SettledDeliveries: f.history.deliveries.marshal()}
+	for k, at := range f.history.repos {
+		s.Repos = append(s.Repos, snapRepo{k[0], k[1], at})
+	}
+	sort.Slice(s.Repos, func(a, b int) bool {
+		return s.Repos[a].Org+"/"+s.Repos[a].Repo < s.Repos[b].Org+"/"+s.Repos[b].Repo
+	})
 	for _, j := range f.Jobs {
 		s.Jobs = append(s.Jobs, j)
 	}
@@ -107,6 +130,19 @@ func UnmarshalSnapshot(b []byte) (*Fleet, error) {
 	}
 	f := NewFleet()
 	f.LastSeq, f.Skipped, f.Applied, f.GitHub = s.LastSeq, s.Skipped, s.Applied, s.GitHub
+	f.history = history{jobs: s.SettledJobs, attempts: s.SettledAttempts, placements: s.SettledPlaced}
+	f.sawJobs = s.SawJobs
+	d, err := unmarshalDeliveries(s.SettledDeliveries)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	f.history.deliveries = d
+	for _, r := range s.Repos {
+		if f.history.repos == nil {
+			f.history.repos = map[[2]string]int64{}
+		}
+		f.history.repos[[2]string{r.Org, r.Repo}] = r.At
+	}
 	for _, j := range s.Jobs {
 		j.labelKey = strings.Join(j.Labels, ",")
 		f.Jobs[j.ID] = j

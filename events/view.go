@@ -128,6 +128,7 @@ func (f *Fleet) Status() Status {
 	b.addJobs()
 	b.addHosts()
 	b.addAlarms()
+	b.st.Jobs.Completed += len(f.history.jobs) // over, kept as ids (history.go)
 	return b.finish()
 }
 

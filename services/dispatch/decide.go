@@ -3,7 +3,8 @@
 package dispatch
 
 import (
-	"container/heap"
+	"cmp"
+	"iter"
 	"log/slog"
 	"slices"
 	"sort"
@@ -191,15 +192,46 @@ func (p Params) Expired(f *events.Fleet, a *events.Attempt) string {
 // attempts no job has taken yet) as it has queued jobs; it books the
 // difference, oldest jobs first, and releases the surplus when a job is
 // cancelled or taken by a runner that is not ours.
-func Decide(f *events.Fleet, p Params) Plan {
+func Decide(f *events.Fleet, p Params) Plan { return decide(f, p, foldDemand{f}) }
+
+// demandSource is where a round reads demand and the hosts a booking may
+// go to: the fold's indexes (foldDemand), or, in tests, a full scan that
+// the indexes must equal (DecideByScan).
+type demandSource interface {
+	// count is how many jobs wait for a runner in pool; oldest yields
+	// them oldest first (queued time, then id).
+	count(pool string) int
+	oldest(pool string) iter.Seq[*events.Job]
+	// conflicts yields, in any order, the jobs a JobConflict is due for.
+	conflicts() iter.Seq[*events.Job]
+	// shapeless yields, in any order, the jobs in demand that match no
+	// pool and name a machine shape (unknownShape judges each).
+	shapeless() iter.Seq[*events.Job]
+	// hosts yields, in any order, at least every host with room in pool
+	// (pickHost judges each).
+	hosts(pool string) iter.Seq[*events.Host]
+}
+
+// foldDemand reads demand from the indexes the fold keeps, so a round
+// costs what changed, not the backlog (issue 19).
+type foldDemand struct{ f *events.Fleet }
+
+func (d foldDemand) count(pool string) int                    { return d.f.DemandCount(pool) }
+func (d foldDemand) oldest(pool string) iter.Seq[*events.Job] { return d.f.DemandOldest(pool) }
+func (d foldDemand) conflicts() iter.Seq[*events.Job]         { return d.f.ConflictJobs() }
+func (d foldDemand) shapeless() iter.Seq[*events.Job]         { return d.f.ShapelessJobs() }
+func (d foldDemand) hosts(pool string) iter.Seq[*events.Host] { return d.f.HostsWithRoom(pool) }
+
+func decide(f *events.Fleet, p Params, demand demandSource) Plan {
 	if p.MaxAttempts <= 0 {
 		p.MaxAttempts = DefaultMaxAttempts
 	}
-	pl := &planner{f: f, p: p, labels: f.PoolLabels(), unbound: map[string][]*events.Attempt{},
+	pl := &planner{f: f, p: p, demand: demand, labels: f.PoolLabels(), unbound: map[string][]*events.Attempt{},
 		warm: map[string][]*events.Attempt{}, ownUnbound: map[int64]bool{}, expiring: map[string]bool{},
 		unminted: map[string]int{}, failedNow: map[int64]int{}, booked: map[string]int{}, heldNow: map[[2]string]int{},
-		starting: map[string]int{}}
-	pl.countDemand()
+		starting: map[string]int{}, hosts: map[string][]*events.Host{}}
+	pl.conflicts()
+	pl.unknownShapes()
 	for a := range f.UnquietAttempts() {
 		pl.attempt(a)
 	}
@@ -222,7 +254,7 @@ func Decide(f *events.Fleet, p Params) Plan {
 		free = pl.book(pool, free)
 		if _, kept := p.Warm[pool]; kept || len(free) > 0 {
 			// After every pool's demand: jobs come before warm VMs.
-			refills = append(refills, func() { pl.plan.refill(f, p, pool, pl.labels[pool], free, pl.booked, pl.heldNow) })
+			refills = append(refills, func() { pl.plan.refill(f, p, pool, pl.labels[pool], free, pl.booked, pl.heldNow, pl.candidates) })
 		}
 	}
 	for _, refill := range refills {
@@ -244,7 +276,7 @@ type planner struct {
 	p      Params
 	plan   Plan
 	labels map[string][]string
-	demand map[string][]*events.Job // queued jobs per pool
+	demand demandSource // queued jobs per pool
 	// unbound: booked attempts no job has taken yet (supply) per pool;
 	// warm: free warm VMs per pool (booting or idle, no job claimed).
 	unbound, warm map[string][]*events.Attempt
@@ -254,31 +286,44 @@ type planner struct {
 	failedNow     map[int64]int   // job → failed attempts this plan releases
 	booked        map[string]int  // host → attempts booked in this plan
 	heldNow       map[[2]string]int
-	starting      map[string]int // host → held attempts whose runner has not started (a probe in flight)
+	starting      map[string]int            // host → held attempts whose runner has not started (a probe in flight)
+	hosts         map[string][]*events.Host // pool → the hosts with room, read once a round
 }
 
-// countDemand counts queued jobs per pool (law 8) and records jobs GitHub
-// reported on a runner bound to another job.
-func (pl *planner) countDemand() {
-	match := events.NewMatcher(pl.labels)
-	pl.demand = map[string][]*events.Job{}
-	for j := range pl.f.OpenJobs() {
-		if j.ConflictToRecord() {
-			runner := j.Conflict
-			if runner == "" || j.Status != events.StatusInProgress {
-				runner = j.AlsoOn // in progress on two runners
-			}
-			pl.plan.Conflicts = append(pl.plan.Conflicts, events.JobConflict{JobID: j.ID, Runner: runner, BoundJob: pl.f.BoundJob(runner)})
+// candidates are the hosts a booking in pool may go to, as the fold had
+// them when the round began (the round's own bookings are counted apart,
+// in booked and heldNow).
+func (pl *planner) candidates(pool string) []*events.Host {
+	hs, ok := pl.hosts[pool]
+	if !ok {
+		hs = slices.Collect(pl.demand.hosts(pool))
+		pl.hosts[pool] = hs
+	}
+	return hs
+}
+
+// conflicts records jobs GitHub reported on a runner bound to another job,
+// or on a second runner, in job order.
+func (pl *planner) conflicts() {
+	for j := range pl.demand.conflicts() {
+		runner := j.Conflict
+		if runner == "" || j.Status != events.StatusInProgress {
+			runner = j.AlsoOn // in progress on two runners
 		}
-		if !j.Demand() {
-			continue
-		}
-		if pool := match.MatchJob(j); pool != "" {
-			pl.demand[pool] = append(pl.demand[pool], j)
-		} else if u, ok := unknownShape(j, pl.labels); ok {
+		pl.plan.Conflicts = append(pl.plan.Conflicts, events.JobConflict{JobID: j.ID, Runner: runner, BoundJob: pl.f.BoundJob(runner)})
+	}
+	slices.SortFunc(pl.plan.Conflicts, func(a, b events.JobConflict) int { return cmp.Compare(a.JobID, b.JobID) })
+}
+
+// unknownShapes gives up, with the reason, on jobs that ask for a machine
+// shape no pool offers (never silently the default machine), in job order.
+func (pl *planner) unknownShapes() {
+	for j := range pl.demand.shapeless() {
+		if u, ok := unknownShape(j, pl.labels); ok {
 			pl.plan.Unschedulable = append(pl.plan.Unschedulable, u)
 		}
 	}
+	slices.SortFunc(pl.plan.Unschedulable, func(a, b events.JobUnschedulable) int { return cmp.Compare(a.JobID, b.JobID) })
 }
 
 // attempt decides what one unquiet attempt needs. Quiet attempts (held for
@@ -442,32 +487,33 @@ func (pl *planner) unreleased(a *events.Attempt, bound int64) {
 // runners, or books slots (claiming free warm VMs first) for the jobs no
 // runner serves, oldest first. It returns the warm VMs left free.
 func (pl *planner) book(pool string, free []*events.Attempt) []*events.Attempt {
-	jobs, supply := pl.demand[pool], pl.unbound[pool]
-	if surplus := len(supply) - len(jobs); surplus > 0 {
+	jobs, supply := pl.demand.count(pool), pl.unbound[pool]
+	if surplus := len(supply) - jobs; surplus > 0 {
 		pl.giveBack(supply, surplus)
 		return free
 	}
-	need := len(jobs) - len(supply)
+	need := jobs - len(supply)
 	if need <= 0 {
 		return free
 	}
-	// Jobs with a runner of their own booked need nothing more; the
-	// runner may take another job (law 8), which is why they count in
-	// need but are not booked again.
-	waiting := jobs[:0:0]
-	for _, j := range jobs {
-		if !pl.ownUnbound[j.ID] {
-			waiting = append(waiting, j)
+	for j := range pl.demand.oldest(pool) {
+		if need == 0 {
+			break
 		}
-	}
-	for oldest := oldestFirst(waiting); need > 0 && oldest.Len() > 0; need-- {
+		if pl.ownUnbound[j.ID] {
+			// A job with a runner of its own booked needs nothing more;
+			// the runner may take another job (law 8), which is why it
+			// counts in need but is not booked again.
+			continue
+		}
 		if pl.p.MaxUnminted > 0 && pl.unminted[pool] >= pl.p.MaxUnminted {
 			break // the JIT-config calls are behind: the rest waits as demand
 		}
 		var ok bool
-		if free, ok = pl.bookJob(pool, oldest.next(), free); !ok {
+		if free, ok = pl.bookJob(pool, j, free); !ok {
 			break // no free slot or physical room: the job stays demand
 		}
+		need--
 	}
 	return free
 }
@@ -506,7 +552,7 @@ func (pl *planner) bookJob(pool string, j *events.Job, free []*events.Attempt) (
 		pl.unminted[pool]++
 		return free[1:], true
 	}
-	host := pickHost(pl.f, pool, pl.booked, pl.heldNow, false, pl.probeDue)
+	host := pickHost(pl.candidates(pool), pool, pl.booked, pl.heldNow, false, pl.probeDue)
 	if host == "" {
 		return free, false
 	}
@@ -566,8 +612,9 @@ func hostWithdrawn(f *events.Fleet, a *events.Attempt) string {
 // unless probe says a probe placement is due there, and then it comes
 // first: its one probe proves it healthy or not (nil: degraded hosts are
 // left out). warm asks for a host whose backend can keep warm VMs; only,
-// when set, considers that host alone.
-func pickHost(f *events.Fleet, pool string, booked map[string]int, heldNow map[[2]string]int, warm bool,
+// when set, considers that host alone. hosts are the candidates: the
+// fold's hosts with room in pool (a round walks those, not the fleet).
+func pickHost(hosts []*events.Host, pool string, booked map[string]int, heldNow map[[2]string]int, warm bool,
 	probe func(*events.Host) bool, only ...string) string {
 	type rank struct {
 		probe        bool
@@ -586,7 +633,8 @@ func pickHost(f *events.Fleet, pool string, booked map[string]int, heldNow map[[
 		return a.name < b.name
 	}
 	var best rank
-	for name, h := range f.Hosts {
+	for _, h := range hosts {
+		name := h.Name
 		ps, ok := h.Pools[pool]
 		if !ok || !h.Accepts() || h.CurveKey == "" || (warm && !h.Assign) || (len(only) > 0 && name != only[0]) {
 			continue
@@ -713,33 +761,3 @@ func teardown(a *events.Attempt, reason string) events.AttemptTeardownRequested 
 	return events.AttemptTeardownRequested{
 		AttemptRef: events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}, Reason: reason}
 }
-
-// oldestFirst hands out jobs oldest first (queued time, then id). A round
-// books at most as many jobs as there are free slots, usually a few, while
-// a backlog may hold thousands: a heap costs O(n + k log n) for k taken,
-// where sorting the whole backlog on every round cost O(n log n).
-func oldestFirst(jobs []*events.Job) *jobHeap {
-	h := jobHeap(jobs)
-	heap.Init(&h)
-	return &h
-}
-
-type jobHeap []*events.Job
-
-func (h jobHeap) Len() int { return len(h) }
-func (h jobHeap) Less(i, k int) bool {
-	if !h[i].QueuedAt.Equal(h[k].QueuedAt) {
-		return h[i].QueuedAt.Before(h[k].QueuedAt)
-	}
-	return h[i].ID < h[k].ID
-}
-func (h jobHeap) Swap(i, k int) { h[i], h[k] = h[k], h[i] }
-func (h *jobHeap) Push(x any)   { *h = append(*h, x.(*events.Job)) }
-func (h *jobHeap) Pop() any {
-	old := *h
-	j := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return j
-}
-
-func (h *jobHeap) next() *events.Job { return heap.Pop(h).(*events.Job) }

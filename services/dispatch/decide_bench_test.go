@@ -13,7 +13,8 @@ import (
 // queued (demand), 10% running and the rest completed but still retained, as
 // they are for the retention (72 h); in the "retained" shape all but one are
 // completed; in the "running" shape all but one run (the scale phase: 10,000
-// concurrent jobs). Decide runs after every batch of facts, so its cost per call is
+// concurrent jobs); in the "backlog" shape 100 run and fill the fleet and
+// the rest wait (issue 19: a round must not walk the backlog). Decide runs after every batch of facts, so its cost per call is
 // what the dispatcher's loop pays per batch.
 func benchFleet(n int, shape string) *events.Fleet {
 	f := events.NewFleet()
@@ -26,12 +27,20 @@ func benchFleet(n int, shape string) *events.Fleet {
 			f.Apply(e)
 		}
 	}
+	slots := n/10 + 10
+	if shape == "backlog" {
+		slots = 10
+	}
 	for i := 0; i < 10; i++ {
-		add(host("h-"+strconv.Itoa(i), n/10+10, n/10+10))
+		add(host("h-"+strconv.Itoa(i), slots, slots))
 	}
 	for i := 0; i < n; i++ {
 		id, h := int64(i+1), "h-"+strconv.Itoa(i%10)
 		switch {
+		case shape == "backlog" && i < 100:
+			add(running(id, h)...)
+		case shape == "backlog":
+			add(queued(id))
 		case shape == "mix" && i%10 == 0, shape != "mix" && i == 0:
 			add(queued(id))
 		case shape == "mix" && i%10 == 1, shape == "running":
@@ -50,7 +59,7 @@ func benchFleet(n int, shape string) *events.Fleet {
 }
 
 func BenchmarkDecide(b *testing.B) {
-	for _, shape := range []string{"mix", "retained", "running"} {
+	for _, shape := range []string{"mix", "retained", "running", "backlog"} {
 		for _, n := range []int{100, 1000, 10000} {
 			b.Run(shape+"/jobs="+strconv.Itoa(n), func(b *testing.B) {
 				f := benchFleet(n, shape)

@@ -104,18 +104,9 @@ type QueuedLister interface {
 }
 
 // ReconcileRepos is the repositories the poll searches for queued jobs:
-// every owner/repo a job in the fold names, sorted.
+// every owner/repo a job fact in the fold's retention names, sorted.
 func ReconcileRepos(f *events.Fleet) [][2]string {
-	seen := map[[2]string]bool{}
-	var out [][2]string
-	for _, j := range f.Jobs {
-		k := [2]string{j.Org, j.Repo}
-		if j.Org == "" || j.Repo == "" || seen[k] {
-			continue
-		}
-		seen[k] = true
-		out = append(out, k)
-	}
+	out := f.Repos()
 	sort.Slice(out, func(a, b int) bool { return out[a][0]+"/"+out[a][1] < out[b][0]+"/"+out[b][1] })
 	return out
 }
@@ -127,7 +118,7 @@ func ReconcileRepos(f *events.Fleet) [][2]string {
 func UnknownQueued(f *events.Fleet, jobs []QueuedJob) []events.JobQueued {
 	var out []events.JobQueued
 	for _, q := range jobs {
-		if q.ID <= 0 || f.Jobs[q.ID] != nil {
+		if q.ID <= 0 || f.KnownJob(q.ID) {
 			continue
 		}
 		labels := q.Labels

@@ -60,7 +60,7 @@ func RedeliveryCandidates(f *events.Fleet, rows []HookDelivery, now time.Time, l
 		case now.Sub(r.DeliveredAt) >= RedeliverWithin:
 			continue
 		}
-		if _, held := f.Deliveries[r.GUID]; held || (skip != nil && skip(r.GUID)) {
+		if f.DeliveryStored(r.GUID) || (skip != nil && skip(r.GUID)) {
 			continue
 		}
 		picked[r.GUID] = true

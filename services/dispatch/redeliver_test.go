@@ -154,14 +154,13 @@ func TestGitHubRedelivererCallsTheHooksEndpoints(t *testing.T) {
 }
 
 // The reconcile poll's search for jobs no webhook told of: it searches
-// every repository a job in the fold names, and a listed queued job becomes
+// every repository a job fact in the fold names, and a listed queued job becomes
 // a queued fact only when the fold does not know the job (a job the log
 // knows, in whatever state, is left to its own facts).
 func TestThePollStoresOnlyQueuedJobsTheLogDoesNotKnow(t *testing.T) {
-	l := given(t).add(queued(1), completed(2, "", "cancelled"))
-	for _, j := range l.f.Jobs {
-		j.Org, j.Repo = "example-org", "example-repo"
-	}
+	q, c := queued(1), completed(2, "", "cancelled")
+	q.Org, q.Repo, c.Org, c.Repo = "example-org", "example-repo", "example-org", "example-repo"
+	l := given(t).add(q, c)
 	if repos := dispatch.ReconcileRepos(l.f); len(repos) != 1 || repos[0] != [2]string{"example-org", "example-repo"} {
 		t.Fatalf("repos %v", repos)
 	}

@@ -101,7 +101,7 @@ func claimOrder(as []*events.Attempt) {
 // the maximum idle age, and releases idle surplus oldest first. It never
 // touches a claimed VM: those serve jobs (scale-down never strands demand).
 func (plan *Plan) refill(f *events.Fleet, p Params, pool string, labels []string, free []*events.Attempt,
-	booked map[string]int, heldNow map[[2]string]int) {
+	booked map[string]int, heldNow map[[2]string]int, candidates func(pool string) []*events.Host) {
 	w := p.Warm[pool]
 	target := w.Target(p.Now)
 	var keep []*events.Attempt
@@ -155,13 +155,13 @@ func (plan *Plan) refill(f *events.Fleet, p Params, pool string, labels []string
 	}
 	sort.Strings(hosts)
 	for _, h := range hosts { // each named host's floor first, on that host
-		for onHost[h] < w.Hosts[h] && pickHost(f, pool, booked, heldNow, true, nil, h) != "" {
+		for onHost[h] < w.Hosts[h] && pickHost(candidates(pool), pool, booked, heldNow, true, nil, h) != "" {
 			book(h)
 			have++
 		}
 	}
 	for ; have < target; have++ {
-		host := pickHost(f, pool, booked, heldNow, true, nil)
+		host := pickHost(candidates(pool), pool, booked, heldNow, true, nil)
 		if host == "" {
 			return // no room: the pool refills when capacity comes back
 		}

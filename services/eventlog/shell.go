@@ -245,7 +245,13 @@ func (s *Shell) Execute(ctx context.Context, plan events.Plan, call func(context
 }
 
 func (s *Shell) execute(ctx context.Context, plan events.Plan, call func(context.Context, events.Call), conflicted map[string]bool) {
-	for _, st := range plan {
+	for i := 0; i < len(plan); i++ {
+		st := plan[i]
+		if n := s.batchable(plan[i:]); n > 1 {
+			s.appendBatch(ctx, plan[i:i+n])
+			i += n - 1
+			continue
+		}
 		if st.Call != nil {
 			if call != nil {
 				call(ctx, st.Call)
@@ -271,6 +277,83 @@ func (s *Shell) execute(ctx context.Context, plan events.Plan, call func(context
 			s.Stored(st)
 		}
 		s.execute(ctx, st.Then, call, conflicted)
+	}
+}
+
+// batchable is how many steps from the start of plan can be appended as
+// one batch (AppendAll): facts checked against no ledger's sequence, with
+// nothing to run after them and no crash point around them (a crash test
+// needs one append at a time).
+func (s *Shell) batchable(plan events.Plan) int {
+	n := 0
+	for _, st := range plan {
+		if st.Fact == nil || len(st.Then) > 0 {
+			break
+		}
+		if _, ledger := events.LedgerOf(st.Fact); ledger {
+			break
+		}
+		if p := s.Crash[st.Fact.EventType()]; p[0] != "" || p[1] != "" {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// appendBatch appends steps' facts (batchable ones) published together and
+// awaited together, skipping those in flight. A duplicate answer is read
+// back and judged as Append's is (store); a failed append is logged and
+// decided again next round.
+func (s *Shell) appendBatch(ctx context.Context, steps events.Plan) {
+	evs := make([]events.Event, 0, len(steps))
+	keys := make([]string, 0, len(steps))
+	todo := make([]events.Step, 0, len(steps))
+	seen := make(map[string]struct{}, len(steps))
+	for _, st := range steps {
+		ev := s.Log.New(s.Now(), st.Fact)
+		key := st.Key
+		if key == "" {
+			key = ev.ID
+		}
+		if _, twice := seen[key]; twice || s.InFlight(key) {
+			continue // on its way, or twice in this plan: appended once
+		}
+		seen[key] = struct{}{}
+		evs, keys, todo = append(evs, ev), append(keys, key), append(todo, st)
+	}
+	if len(evs) == 0 {
+		return
+	}
+	for i, r := range s.Log.AppendAll(ctx, evs) {
+		ev, seq, dup, err := evs[i], r.Seq, r.Dup, r.Err
+		if err == nil && dup {
+			ev, seq, dup, err = s.judge(ctx, ev, nil, seq)
+		}
+		if err != nil {
+			s.Logger.Warn("append failed; the next round decides it again", "event", ev.ID, "err", err)
+			continue
+		}
+		s.stored(ctx, todo[i], ev, keys[i], seq, dup)
+	}
+}
+
+// stored records a step whose fact the log holds (in flight until it
+// comes back through the fold) and tells who wants to know.
+func (s *Shell) stored(ctx context.Context, st events.Step, ev events.Event, key string, seq uint64, dup bool) {
+	s.inflight[key] = s.Now()
+	if key != ev.ID {
+		s.keyOf[ev.ID] = key
+	}
+	s.Logger.Debug("appended", "event", ev.ID, "type", ev.Type(), "seq", seq, "duplicate", dup)
+	if dup {
+		return
+	}
+	if st.Msg != "" {
+		s.Logger.Log(ctx, st.Level, st.Msg, st.Attrs...)
+	}
+	if s.Stored != nil {
+		s.Stored(st)
 	}
 }
 
@@ -358,11 +441,25 @@ func (s *Shell) retakenID(id string, seq uint64) string {
 // the same attempt by another author is DupStands and is not repeated.
 // It returns the event as stored (its id may be a fresh one).
 func (s *Shell) store(ctx context.Context, ev events.Event, expect *uint64) (events.Event, uint64, bool, error) {
+	seq, dup, err := s.Log.Append(ctx, ev, expect)
+	if err != nil || !dup {
+		return ev, seq, dup, err
+	}
+	return s.judge(ctx, ev, expect, seq)
+}
+
+// judge reads back the fact stored at seq, which the server answered ev's
+// append with as a duplicate, and decides as store says.
+func (s *Shell) judge(ctx context.Context, ev events.Event, expect *uint64, seq uint64) (events.Event, uint64, bool, error) {
 	base := ev.ID
 	for try := 0; ; try++ {
-		seq, dup, err := s.Log.Append(ctx, ev, expect)
-		if err != nil || !dup {
-			return ev, seq, dup, err
+		if try > 0 {
+			var dup bool
+			var err error
+			seq, dup, err = s.Log.Append(ctx, ev, expect)
+			if err != nil || !dup {
+				return ev, seq, dup, err
+			}
 		}
 		stored, rerr := s.Log.ReadBack(ctx, seq)
 		if errors.Is(rerr, ErrNoReadBack) {

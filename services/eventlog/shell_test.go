@@ -17,7 +17,7 @@ type mint string
 func (m mint) CallKey() string { return string(m) }
 
 // shellOn is a shell over a fresh log, with a fake clock.
-func shellOn(t *testing.T) (*eventlog.Shell, jetstream.JetStream, *clock.Fake) {
+func shellOn(t testing.TB) (*eventlog.Shell, jetstream.JetStream, *clock.Fake) {
 	t.Helper()
 	_, js, _ := testkit.NATS(t)
 	testkit.Stream(t, js, eventlog.StreamConfig{})

@@ -219,6 +219,58 @@ func (a *Appender) Append(ctx context.Context, ev events.Event, expectSeq *uint6
 	return ack.Sequence, ack.Duplicate, nil
 }
 
+// Appended is one fact's outcome in AppendAll: its stream sequence and
+// whether the server saw a duplicate, or the error.
+type Appended struct {
+	Seq uint64
+	Dup bool
+	Err error
+}
+
+// AppendAll stores facts that need no expected-sequence check, published
+// together and awaited together (issue 19: one round trip for a round's
+// facts, not one each). Each is stored once under its id, as with Append;
+// NATS keeps one connection's publishes in order, so the log holds them
+// in the order given. The outcomes are in the same order; the whole batch
+// is bounded by Timeout (law 3).
+func (a *Appender) AppendAll(ctx context.Context, evs []events.Event) []Appended {
+	out := make([]Appended, len(evs))
+	timeout := a.Timeout
+	if timeout == 0 {
+		timeout = 5 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	acks := make([]jetstream.PubAckFuture, len(evs))
+	for i, ev := range evs {
+		body, err := events.Marshal(ev)
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		msg := &nats.Msg{Subject: ev.Subject, Data: body, Header: nats.Header{}}
+		msg.Header.Set("Ce-Type", ev.Type())
+		acks[i], out[i].Err = a.JS.PublishMsgAsync(msg, jetstream.WithMsgID(MsgID(ev)), jetstream.WithExpectStream(events.StreamName))
+	}
+	for i, f := range acks {
+		if f == nil {
+			continue
+		}
+		select {
+		case ack := <-f.Ok():
+			out[i].Seq, out[i].Dup = ack.Sequence, ack.Duplicate
+		case err := <-f.Err():
+			out[i].Err = err
+		case <-ctx.Done():
+			out[i].Err = ctx.Err()
+		}
+		if out[i].Err != nil {
+			out[i].Err = fmt.Errorf("append %s to %s: %w", evs[i].ID, evs[i].Subject, out[i].Err)
+		}
+	}
+	return out
+}
+
 // MsgID is the Nats-Msg-Id a fact is stored under: its id, scoped to the
 // subject it is stored on. The server deduplicates by this id across the
 // whole stream, so an unscoped id let any credential squat another role's

@@ -47,6 +47,9 @@ type System struct {
 	AgentAddrs   map[string]string
 	Dispatcher   *dispatch.Dispatcher
 	Watchdog     *watchdog.Watchdog
+	// Agents are the agents this process runs, by host (benchmarks read
+	// their folds).
+	Agents map[string]*vmagent.Agent
 
 	server   *server.Server
 	wg       sync.WaitGroup
@@ -566,6 +569,12 @@ func AgentWith(ctx context.Context, s *System, cfg *config.Config, ac config.Age
 	if listen == "" {
 		listen = "127.0.0.1:0"
 	}
+	s.mu.Lock()
+	if s.Agents == nil {
+		s.Agents = map[string]*vmagent.Agent{}
+	}
+	s.Agents[ac.Host] = a
+	s.mu.Unlock()
 	a.Loop.Consumer = &eventlog.Consumer{Name: events.AgentConsumer(ac.Host)}
 	a.Loop.Replicas = cfg.NATS.Replicas
 	loopMetrics(reg, a.Loop)

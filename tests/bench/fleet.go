@@ -214,6 +214,27 @@ func (f *Fleet) Snapshot(ctx context.Context, fn func(*events.Fleet)) error {
 	return f.Sys.Dispatcher.Read(ctx, fn)
 }
 
+// Settle compacts every service's fold as its own housekeeping will once
+// events.DefaultSettleAfter has passed (at the default 72 h retention), so
+// a run of minutes measures what finished jobs cost once settled.
+func (f *Fleet) Settle(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	settle := func(fl *events.Fleet) {
+		fl.Compact(time.Now().Add(events.DefaultSettleAfter+time.Minute), 72*time.Hour)
+	}
+	reads := []func(context.Context, func(*events.Fleet)) error{f.Sys.Dispatcher.Read, f.Sys.Watchdog.Read}
+	for _, a := range f.Sys.Agents {
+		reads = append(reads, a.Read)
+	}
+	for _, read := range reads {
+		if err := read(ctx, settle); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Close stops the services (agents drain at once), releases wedged stops,
 // closes the simulator and the server, and removes the temporary directory.
 func (f *Fleet) Close() error {

@@ -11,6 +11,7 @@ import (
 	"runtime/pprof"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/berth-ci/berth/events"
@@ -178,7 +179,9 @@ func Throughput(ctx context.Context, e Env, o ThroughputOptions) (Result, error)
 		// the folds keep.
 		fd.limit = throughputBacklog
 	}
+	cpuBefore := processCPU()
 	run, err := e.drive(ctx, "throughput", f, specs, fd, settled(o.Jobs))
+	cpu := processCPU() - cpuBefore
 	stopProfile()
 	if err != nil {
 		return res, err
@@ -205,6 +208,11 @@ func Throughput(ctx context.Context, e Env, o ThroughputOptions) (Result, error)
 			Reference: fmt.Sprintf("JetStream async publish %s msg/s ÷ %.1f facts/job = %s jobs/s", num(raw), perJob, num(bound)),
 			Ratio:     ratio(jobsPerSec, bound), Target: target("≥ 2,000 jobs/s", jobsPerSec >= 2000)},
 		flatness(run, o.Jobs),
+		steadyState(run),
+		Row{Figure: "CPU per lifecycle (the whole process: Berth's services, NATS and the simulator, user + system)",
+			Value:     fmt.Sprintf("%.2f ms", float64(cpu.Microseconds())/1000/float64(o.Jobs)),
+			Reference: fmt.Sprintf("%s of CPU over %s elapsed: %.2f cores busy", ms(cpu), ms(elapsed), cpu.Seconds()/max(elapsed.Seconds(), 1e-9)),
+			Target:    target("≤ 0.5 ms CPU per lifecycle", float64(cpu.Microseconds())/1000/float64(o.Jobs) <= 0.5)},
 		Row{Figure: "Events one job costs (facts in the log per job)", Value: fmt.Sprintf("%.2f facts, %d B each on average", perJob, size),
 			Reference: "10 facts in a clean lifecycle", Ratio: ratio(perJob, 10)},
 		Row{Figure: "Log appends/s during the throughput run (all writers)", Value: num(rate(facts, elapsed)) + " facts/s",
@@ -285,6 +293,47 @@ func flatness(run runOut, jobs int) Row {
 		row.Target = goal + ": not measured at that size here (BENCH_FLAGS='-phases throughput -throughput-jobs 100000'); up to 2,000 jobs all are enqueued at once, so the first tenth includes the start"
 	}
 	return row
+}
+
+// steadyState is the lifecycle rate once the start is over: the first
+// tenth of the completions is the ramp (the fleet filling, every service's
+// first rounds), and the rest is compared tenth against tenth, the first
+// after the ramp with the last (issue 19: like for like).
+func steadyState(run runOut) Row {
+	var ends []time.Time
+	for _, j := range run.tl.Jobs {
+		if !j.Released.IsZero() {
+			ends = append(ends, j.Released)
+		}
+	}
+	row := Row{Figure: "Throughput in steady state: lifecycles/s after the ramp (the first tenth of completions), its first tenth against its last"}
+	tenth := len(ends) / 10
+	if tenth < 2 {
+		row.Value = "too few jobs"
+		return row
+	}
+	sort.Slice(ends, func(i, k int) bool { return ends[i].Before(ends[k]) })
+	ramp := ends[tenth-1]
+	steady := rate(float64(len(ends)-tenth), ends[len(ends)-1].Sub(ramp))
+	win := (len(ends) - tenth) / 10
+	if win < 1 {
+		row.Value = num(steady) + " jobs/s"
+		return row
+	}
+	first := rate(float64(win), ends[tenth-1+win].Sub(ramp))
+	last := rate(float64(win), ends[len(ends)-1].Sub(ends[len(ends)-1-win]))
+	row.Value = fmt.Sprintf("%s jobs/s (first tenth %s, last tenth %s)", num(steady), num(first), num(last))
+	row.Reference, row.Ratio = "the last tenth against the first", ratio(last, first)
+	return row
+}
+
+// processCPU is the CPU time (user and system) this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // LatencyOptions size the dispatch-latency phase.
@@ -492,6 +541,9 @@ func Memory(ctx context.Context, e Env, o MemoryOptions) (Result, error) {
 		return res, err
 	}
 	quiet()
+	if err := f.Settle(ctx); err != nil {
+		return res, err
+	}
 	before := measure()
 	if err := heapProfile(o.HeapProfileDir, "heap-before.pb.gz"); err != nil {
 		return res, err
@@ -500,6 +552,9 @@ func Memory(ctx context.Context, e Env, o MemoryOptions) (Result, error) {
 		return res, err
 	}
 	quiet()
+	if err := f.Settle(ctx); err != nil {
+		return res, err
+	}
 	after := measure()
 	if err := heapProfile(o.HeapProfileDir, "heap-after.pb.gz"); err != nil {
 		return res, err
@@ -513,8 +568,11 @@ func Memory(ctx context.Context, e Env, o MemoryOptions) (Result, error) {
 	f.Sim.Close()
 	f.Sim = nil
 	noSim := measure()
-	var foldJobs, foldAttempts int
-	if err := f.Snapshot(ctx, func(fl *events.Fleet) { foldJobs, foldAttempts = len(fl.Jobs), len(fl.Attempts) }); err != nil {
+	var foldJobs, foldAttempts, settledJobs, settledAttempts int
+	if err := f.Snapshot(ctx, func(fl *events.Fleet) {
+		foldJobs, foldAttempts = len(fl.Jobs), len(fl.Attempts)
+		settledJobs, settledAttempts = fl.SettledCounts()
+	}); err != nil {
 		return res, err
 	}
 	n := float64(o.Jobs)
@@ -540,7 +598,8 @@ func Memory(ctx context.Context, e Env, o MemoryOptions) (Result, error) {
 	res.Notes = append(res.Notes,
 		fmt.Sprintf("the heap is the whole process: besides the dispatcher, the watchdog and the agent it holds the simulator (it keeps every job and every webhook body: %s per job of bodies alone) and the embedded NATS server (message-id window of 2 min, per-subject index); measured 11 s after the last fact, past the file store's block-cache expiry",
 			bytesStr(float64(simBytes)/all)),
-		fmt.Sprintf("the dispatcher's fold still holds %d jobs and %d attempts: terminal records stay for the retention (72 h by default), in each of the three folds", foldJobs, foldAttempts),
+		fmt.Sprintf("the dispatcher's fold holds %d job and %d attempt records, and the ids of %d jobs and %d attempts that settled (each fold compacted as its housekeeping will %s after the end, at the 72 h retention, before each measure: a job that is over leaves only its ids)",
+			foldJobs, foldAttempts, settledJobs, settledAttempts, events.DefaultSettleAfter),
 	)
 	if o.HeapProfileDir != "" {
 		res.Notes = append(res.Notes, "heap profiles: `go tool pprof -top -diff_base "+o.HeapProfileDir+"/heap-before.pb.gz "+o.HeapProfileDir+"/heap-after.pb.gz`")
@@ -611,6 +670,15 @@ func Replay(ctx context.Context, e Env, o ReplayOptions) (Result, error) {
 		return res, err
 	}
 	e.say("replay: restart from a snapshot of %s took %s", bytesStr(float64(snapBytes)), ms(restart))
+	// The same fold as a service keeps it once the jobs settled: its
+	// housekeeping compacts it every minute, and a job that has been over
+	// for events.DefaultSettleAfter leaves only its ids (issue 19).
+	last.Compact(time.Now().Add(events.DefaultSettleAfter+time.Minute), 72*time.Hour)
+	restartSettled, settledBytes, err := restartFromSnapshot(ctx, js, last, e.Timeout)
+	if err != nil {
+		return res, err
+	}
+	e.say("replay: restart from a settled snapshot of %s took %s", bytesStr(float64(settledBytes)), ms(restartSettled))
 	res.Rows = append(res.Rows, Row{
 		Figure:    fmt.Sprintf("Replay: events/s rebuilding the projection (eventlog.Replay), %s events", commas(int64(total))),
 		Value:     num(bestReplay) + " events/s",
@@ -622,6 +690,12 @@ func Replay(ctx context.Context, e Env, o ReplayOptions) (Result, error) {
 		Reference: fmt.Sprintf("full rebuild of the same log: %s", ms(time.Duration(float64(total)/bestReplay*float64(time.Second)))),
 		Ratio:     ratio(float64(restart), float64(total)/bestReplay*float64(time.Second)),
 		Target:    restartTarget(total, restart),
+	}, Row{
+		Figure:    fmt.Sprintf("Restart with a snapshot of the settled fold (every job over for %s: ids only), %s events behind it", events.DefaultSettleAfter, commas(int64(total))),
+		Value:     ms(restartSettled),
+		Reference: fmt.Sprintf("snapshot %s, against %s with every record", bytesStr(float64(settledBytes)), bytesStr(float64(snapBytes))),
+		Ratio:     ratio(float64(restartSettled), float64(restart)),
+		Target:    restartTarget(total, restartSettled),
 	})
 	res.Notes = append(res.Notes, fmt.Sprintf("%s events (%s) from %d synthetic lifecycles of ten facts, written with the services' ids and headers; best of two rounds each; a full rebuild takes %s",
 		commas(int64(total)), bytesStr(float64(bytes)), o.Jobs, ms(time.Duration(float64(total)/bestReplay*float64(time.Second)))))
@@ -726,8 +800,10 @@ func restartFromSnapshot(ctx context.Context, js jetstream.JetStream, fl *events
 	took := time.Since(start)
 	cancel()
 	<-done
-	if len(r.Fold.Jobs) != len(fl.Jobs) {
-		return 0, 0, fmt.Errorf("restart: the restored fold holds %d jobs, the replay %d", len(r.Fold.Jobs), len(fl.Jobs))
+	gotSettled, _ := r.Fold.SettledCounts()
+	wantSettled, _ := fl.SettledCounts()
+	if len(r.Fold.Jobs) != len(fl.Jobs) || gotSettled != wantSettled {
+		return 0, 0, fmt.Errorf("restart: the restored fold holds %d jobs and %d settled ids, the replay %d and %d", len(r.Fold.Jobs), gotSettled, len(fl.Jobs), wantSettled)
 	}
 	return took, len(b), nil
 }

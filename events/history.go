@@ -1,0 +1,338 @@
+package events
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultSettleAfter is how long Compact keeps the whole record of a job or
+// an attempt that is over before it leaves only its id (a tombstone): long
+// enough for the deciders' in-flight windows and a status read to see how
+// it ended; the id stays for the retention.
+const DefaultSettleAfter = 10 * time.Minute
+
+// tomb is what is left of a job or an attempt that is over (issue 19): its
+// id, which makes a redelivered webhook or a late fact about it harmless,
+// and when it ended (unix seconds), so Compact drops it at the retention.
+type tomb[K cmp.Ordered] struct {
+	ID K     `json:"id"`
+	At int64 `json:"at"`
+}
+
+// tombs is a set of tombstones sorted by id: exact (never probabilistic)
+// and a few bytes each, where a record is a few hundred.
+type tombs[K cmp.Ordered] []tomb[K]
+
+func (t tombs[K]) has(id K) bool {
+	_, ok := slices.BinarySearchFunc(t, id, func(e tomb[K], id K) int { return cmp.Compare(e.ID, id) })
+	return ok
+}
+
+// add merges more tombstones in (their ids are not in t: a record becomes
+// a tombstone once, and a tombstone is never made a record again).
+func (t *tombs[K]) add(more []tomb[K]) {
+	*t = merged(*t, more, func(a, b tomb[K]) int { return cmp.Compare(a.ID, b.ID) })
+}
+
+// merged is sorted a (sorted by cmp) and more (in any order) together: a
+// Compact sorts only what it adds, and merges in O(len(a)), not O(n log n)
+// over everything kept.
+func merged[E any](a, more []E, cmp func(E, E) int) []E {
+	if len(more) == 0 {
+		return a
+	}
+	slices.SortFunc(more, cmp)
+	out := make([]E, 0, len(a)+len(more))
+	i, k := 0, 0
+	for i < len(a) && k < len(more) {
+		if cmp(more[k], a[i]) < 0 {
+			out = append(out, more[k])
+			k++
+		} else {
+			out = append(out, a[i])
+			i++
+		}
+	}
+	out = append(out, a[i:]...)
+	return append(out, more[k:]...)
+}
+
+// dropBefore removes the tombstones that ended before cut (unix seconds).
+func (t *tombs[K]) dropBefore(cut int64) {
+	n := len(*t)
+	*t = slices.DeleteFunc(*t, func(e tomb[K]) bool { return e.At < cut })
+	if len(*t) < n/2 {
+		*t = slices.Clip(*t)
+	}
+}
+
+// history is what the fold keeps of what is over.
+type history struct {
+	jobs       tombs[int64]
+	placements tombs[uint64] // attempts of AttemptID's form, packed (packAttempt)
+	attempts   tombs[string] // other attempts (warm VMs)
+	deliveries deliveryTombs
+	// repos: each owner/repo a job fact named, with the time of the last
+	// (unix seconds): where the dispatcher polls for lost webhooks, kept
+	// per repository for the retention, not per job.
+	repos map[[2]string]int64
+	peaks peaks
+}
+
+// Repos lists every owner/repo a job fact named within the retention.
+func (f *Fleet) Repos() [][2]string {
+	out := make([][2]string, 0, len(f.history.repos))
+	for k := range f.history.repos {
+		out = append(out, k)
+	}
+	return out
+}
+
+func (f *Fleet) sawRepo(org, repo string, at time.Time) {
+	if org == "" || repo == "" {
+		return
+	}
+	if f.history.repos == nil {
+		f.history.repos = map[[2]string]int64{}
+	}
+	k := [2]string{org, repo}
+	if s := at.Unix(); s > f.history.repos[k] {
+		f.history.repos[k] = s
+	}
+}
+
+// Settled reports whether job id is over and only its id is left: it
+// completed, and every attempt that served it is done.
+func (f *Fleet) Settled(id int64) bool { return f.history.jobs.has(id) }
+
+// KnownJob reports whether the fold knows job id: as a record or as a
+// tombstone.
+func (f *Fleet) KnownJob(id int64) bool { return f.Jobs[id] != nil || f.Settled(id) }
+
+// SettledAttempt reports whether attempt id is over and only its id is left.
+func (f *Fleet) SettledAttempt(id string) bool {
+	if k, ok := packAttempt(id); ok {
+		return f.history.placements.has(k)
+	}
+	return f.history.attempts.has(id)
+}
+
+// packAttempt reads an attempt id of AttemptID's form (berth-<job>-<n>)
+// into 8 bytes: the job id above 16 bits of attempt number. Only the exact
+// form AttemptID writes, in range, is taken (so it is one-to-one); any
+// other id (a warm VM's) stays a string.
+func packAttempt(id string) (uint64, bool) {
+	rest, ok := strings.CutPrefix(id, "berth-")
+	if !ok {
+		return 0, false
+	}
+	i := strings.LastIndexByte(rest, '-')
+	if i <= 0 {
+		return 0, false
+	}
+	job, err1 := strconv.ParseInt(rest[:i], 10, 64)
+	n, err2 := strconv.ParseUint(rest[i+1:], 10, 16)
+	if err1 != nil || err2 != nil || job < 0 || job >= 1<<47 || AttemptID(job, int(n)) != id {
+		return 0, false
+	}
+	return uint64(job)<<16 | n, true
+}
+
+// SettledCounts is how many jobs and attempts are kept as tombstones.
+func (f *Fleet) SettledCounts() (jobs, attempts int) {
+	return len(f.history.jobs), len(f.history.placements) + len(f.history.attempts)
+}
+
+// settleJob reports whether the completed job may leave only its id.
+func (f *Fleet) settleJob(j *Job, cut time.Time) bool {
+	return j.Status == StatusCompleted && j.CompletedAt.Before(cut) && !j.conflictToRecord()
+}
+
+// settleAttempt reports whether the attempt may leave only its id: nothing
+// can happen to its slot or its VM any more, and no runner registration of
+// it is left to delete (it ran a job, which GitHub removes it after, or it
+// was deregistered, or it never had one).
+func (f *Fleet) settleAttempt(a *Attempt, cut time.Time) bool {
+	return a.Terminal() && !vmPending(a) && a.LastAt.Before(cut) &&
+		(a.RunnerID == 0 || a.Deregistered || a.BoundJobID != 0 || f.byRunner[a.ID] != 0 || !f.sawJobs)
+}
+
+// settledFact reports whether e is about a job or an attempt that only a
+// tombstone is left of: a redelivery, or a late fact about something over,
+// which the record it would have touched absorbed too. It still moves a
+// pool ledger's sequence (or a later booking there would conflict forever)
+// and keeps a job fact's delivery id (what must not be asked again).
+func (f *Fleet) settledFact(e Event) bool {
+	switch d := e.Data.(type) {
+	case *JobQueued, *JobWaiting, *JobInProgress, *JobCompleted:
+		f.sawJobs = true
+		return false // jobFact keeps the delivery id, then checks
+	case *JobConflict:
+		f.sawJobs = true
+		return f.Settled(d.JobID)
+	case *JobUnschedulable:
+		f.sawJobs = true
+		return f.Settled(d.JobID)
+	case *SlotReserved:
+		return f.settledLedger(d.Pool, d.Attempt, e.Seq)
+	case *SlotReleased:
+		return f.settledLedger(d.Pool, d.Attempt, e.Seq)
+	case *AttemptClaimed:
+		return f.settledLedger(d.Pool, d.Attempt, e.Seq)
+	case interface{ attemptRef() AttemptRef }:
+		return f.SettledAttempt(d.attemptRef().Attempt)
+	}
+	return false
+}
+
+func (f *Fleet) settledLedger(pool, attempt string, seq uint64) bool {
+	if !f.SettledAttempt(attempt) {
+		return false
+	}
+	f.poolSeq(pool, seq)
+	return true
+}
+
+func (r AttemptRef) attemptRef() AttemptRef { return r }
+
+// uuidID is a GitHub delivery id (X-GitHub-Delivery, a UUID written in
+// lower-case hex) in 16 bytes instead of a 36-byte string.
+type uuidID [16]byte
+
+// parseUUID reads id when it is a UUID in GitHub's form (8-4-4-4-12
+// lower-case hex digits). Only that exact form is taken, so reading is
+// one-to-one and a lookup is exact; any other id is kept as a string.
+func parseUUID(id string) (u uuidID, ok bool) {
+	if len(id) != 36 || id[8] != '-' || id[13] != '-' || id[18] != '-' || id[23] != '-' {
+		return u, false
+	}
+	n := 0
+	for i := 0; i < 36; i += 2 {
+		if id[i] == '-' {
+			i--
+			continue
+		}
+		hi, ok1 := lowerHex(id[i])
+		lo, ok2 := lowerHex(id[i+1])
+		if !ok1 || !ok2 || n == 16 {
+			return u, false
+		}
+		u[n] = hi<<4 | lo
+		n++
+	}
+	return u, n == 16
+}
+
+func lowerHex(c byte) (byte, bool) {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0', true
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10, true
+	}
+	return 0, false
+}
+
+// deliveryTombs holds the delivery ids that settled: sorted, 24 bytes each.
+type deliveryTomb struct {
+	id uuidID
+	at int64 // unix seconds of the earliest fact stored under it
+}
+
+type deliveryTombs []deliveryTomb
+
+func (t deliveryTombs) find(u uuidID) (int, bool) {
+	return slices.BinarySearchFunc(t, u, func(e deliveryTomb, u uuidID) int { return bytes.Compare(e.id[:], u[:]) })
+}
+
+// DeliveryStored reports whether a job fact carrying GitHub delivery id
+// (X-GitHub-Delivery) is in the fold: what the dispatcher must not ask
+// GitHub to redeliver. Ids are kept for DeliveryMemory (GitHub redelivers
+// for 3 days) or the retention, whichever is longer.
+func (f *Fleet) DeliveryStored(id string) bool {
+	if _, ok := f.Deliveries[id]; ok {
+		return true
+	}
+	if u, ok := parseUUID(id); ok {
+		_, ok := f.history.deliveries.find(u)
+		return ok
+	}
+	return false
+}
+
+// settleDeliveries moves the delivery ids older than cut that are UUIDs
+// out of the map into the sorted compact set, and drops from it those
+// older than dcut.
+func (f *Fleet) settleDeliveries(cut time.Time, dcut int64) {
+	var more deliveryTombs
+	for id, at := range f.Deliveries {
+		if !at.Before(cut) {
+			continue
+		}
+		if u, ok := parseUUID(id); ok {
+			more = append(more, deliveryTomb{u, at.Unix()})
+			delete(f.Deliveries, id)
+		}
+	}
+	d := merged(f.history.deliveries, more, func(a, b deliveryTomb) int {
+		if c := bytes.Compare(a.id[:], b.id[:]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.at, b.at)
+	})
+	// One entry per id, the earliest; none older than dcut.
+	d = slices.CompactFunc(d, func(a, b deliveryTomb) bool { return a.id == b.id })
+	f.history.deliveries = slices.DeleteFunc(d, func(e deliveryTomb) bool { return e.at < dcut })
+}
+
+// marshalDeliveries packs the settled delivery ids for a snapshot: 24 bytes
+// each (the id, then the unix seconds, big-endian).
+func (t deliveryTombs) marshal() []byte {
+	out := make([]byte, 0, 24*len(t))
+	for _, e := range t {
+		out = append(out, e.id[:]...)
+		out = binary.BigEndian.AppendUint64(out, uint64(e.at))
+	}
+	return out
+}
+
+func unmarshalDeliveries(b []byte) (deliveryTombs, error) {
+	if len(b)%24 != 0 {
+		return nil, fmt.Errorf("settled deliveries: %d bytes, not a multiple of 24", len(b))
+	}
+	out := make(deliveryTombs, 0, len(b)/24)
+	for i := 0; i < len(b); i += 24 {
+		var e deliveryTomb
+		copy(e.id[:], b[i:i+16])
+		e.at = int64(binary.BigEndian.Uint64(b[i+16 : i+24]))
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// peaks are the largest sizes the fold's maps of records reached since
+// they were last rebuilt: a Go map keeps its buckets when entries are
+// deleted, so after a burst the maps are rebuilt at their new size, or a
+// fold that served a million jobs would keep room for a million records.
+type peaks struct{ jobs, attempts, byRunner, deliveries int }
+
+// shrunk returns m, or a copy of it at its size once it holds less than a
+// quarter of its peak (and the peak was worth it).
+func shrunk[K comparable, V any](m map[K]V, peak *int) map[K]V {
+	*peak = max(*peak, len(m))
+	if *peak < 1024 || len(m) >= *peak/4 {
+		return m
+	}
+	out := make(map[K]V, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	*peak = len(out)
+	return out
+}

@@ -22,6 +22,23 @@ const (
 // AlarmRaised: the watchdog saw something an operator must look at. Key is
 // stable per condition (e.g. "slot_leak/linux/berth-42-1") so re-raising is
 // idempotent. Subject berth.evt.alarm.<pool>. Message says what to do next.
+// AlarmCulprit is the culprit an alarm of kind charges (law 11): a slot
+// leak is Berth's own bookkeeping, a degraded host the host, GitHub's
+// refusal GitHub. A forged fact is charged to the credential that wrote it,
+// which its message and parking record name (the author's role is the last
+// token of its subject): no culprit class fits an intrusion, so "".
+func AlarmCulprit(kind string) string {
+	switch kind {
+	case AlarmSlotLeak:
+		return CulpritBerth
+	case AlarmHostDegraded:
+		return CulpritHost
+	case AlarmGitHubRefused:
+		return CulpritGitHub
+	}
+	return ""
+}
+
 type AlarmRaised struct {
 	Key     string    `json:"key"`
 	Kind    string    `json:"kind"`

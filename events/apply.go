@@ -343,7 +343,12 @@ func (f *Fleet) releaseHealth(d *SlotReleased, e Event) {
 	case d.Reason == ReleaseCompleted:
 		h := &f.host(d.Host).Health
 		h.RunnerOK = maxMark(h.RunnerOK, markOf(e))
-	case HostFault(culprit) && d.Reason != ReleaseHostLost:
+	case (HostFault(culprit) || culprit == CulpritBerth) && d.Reason != ReleaseHostLost:
+		// A placement the host's agent could not open (Berth's own setup:
+		// the dispatcher's sealing key is not trusted) counts too: the host
+		// cannot serve until it is fixed, so placements back off it with
+		// one probe at a time and its degradation alarm says why, instead
+		// of re-booking at once and flooding GitHub with registrations.
 		f.host(d.Host).Health.failed(HostFailure{Attempt: d.Attempt, Culprit: culprit, Reason: d.Reason, At: markOf(e)})
 	}
 }

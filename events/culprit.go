@@ -191,10 +191,17 @@ func (h *HostHealth) Streak(since time.Time) (n int, culprit string, last Mark) 
 		return image, CulpritImage, last
 	}
 	culprit = CulpritHost
+	berth := 0
 	for _, x := range h.Failures {
 		if x.Culprit == CulpritBackend && x.At.After(h.CreateOK) {
 			culprit = CulpritBackend
 		}
+		if x.Culprit == CulpritBerth && x.At.After(h.CreateOK) && !x.At.At.Before(since) {
+			berth++
+		}
+	}
+	if berth*2 > machine { // most of the run: the agent could not open what was placed
+		culprit = CulpritBerth
 	}
 	return machine, culprit, last
 }

@@ -76,3 +76,31 @@ func TestCulpritHostHealthFoldsTheSameInAnyOrder(t *testing.T) {
 		}
 	}
 }
+
+// Found by a new user: with the dispatcher's sealing key not trusted, each
+// placement's agent refuses to open it (culprit berth) and the dispatcher
+// booked again at once: two jobs took 2,000 attempts (and as many runner
+// registrations) in a minute, with no alarm. A failure charged to Berth on
+// a host now counts toward the host's degradation like a host's own, with
+// Berth as the culprit, so placements back off it and the alarm says why;
+// it still spends none of the job's attempts.
+func TestCulpritPlacementsAnAgentCannotOpenDegradeTheHostAsBerths(t *testing.T) {
+	var s script
+	s.add(&events.JobQueued{JobRef: events.JobRef{JobID: 1, Labels: []string{"linux"}}})
+	for n := 1; n <= 3; n++ {
+		a := events.AttemptID(1, n)
+		s.add(&events.SlotReserved{Pool: "linux", Host: "h-a", Attempt: a, JobID: 1, N: n})
+		s.add(&events.SlotReleased{Pool: "linux", Host: "h-a", Attempt: a, JobID: 1, Reason: events.ReleaseCreateFailed,
+			Culprit: events.CulpritBerth})
+	}
+	f := given(s.evs...)
+	if got := f.Jobs[1].FailedAttempts; got != 0 {
+		t.Errorf("%d attempts spent, want none (the fault is Berth's)", got)
+	}
+	if n, culprit, _ := f.Hosts["h-a"].Health.Streak(t0); n != 3 || culprit != events.CulpritBerth {
+		t.Errorf("streak %d %s, want 3 charged to berth", n, culprit)
+	}
+	if got := events.AlarmCulprit(events.AlarmHostDegraded); got != events.CulpritHost {
+		t.Errorf("a degraded host's alarm charges %q", got)
+	}
+}

@@ -111,8 +111,10 @@ type JobCounts struct {
 
 // AlarmView is one active alarm.
 type AlarmView struct {
-	Key      string    `json:"key"`
-	Kind     string    `json:"kind"`
+	Key  string `json:"key"`
+	Kind string `json:"kind"`
+	// Culprit is what the alarm's kind charges (AlarmCulprit, law 11).
+	Culprit  string    `json:"culprit,omitempty"`
 	Pool     string    `json:"pool"`
 	Message  string    `json:"message"`
 	RaisedAt time.Time `json:"raised_at"`
@@ -268,7 +270,7 @@ func (b *statusBuilder) addAlarms() {
 		if !a.Active {
 			continue
 		}
-		b.st.Alarms = append(b.st.Alarms, AlarmView{a.Key, a.Kind, a.Pool, a.Message, a.RaisedAt})
+		b.st.Alarms = append(b.st.Alarms, AlarmView{Key: a.Key, Kind: a.Kind, Culprit: AlarmCulprit(a.Kind), Pool: a.Pool, Message: a.Message, RaisedAt: a.RaisedAt})
 		if a.Pool != "" {
 			p := b.pool(a.Pool)
 			p.Alarms = append(p.Alarms, a.Key)

@@ -142,7 +142,7 @@ func (f Filter) nothing() error {
 	var what, list string
 	switch {
 	case f.Attempt != "":
-		what, list = "attempt "+f.Attempt, "berth status lists the attempts holding slots; berth events --job ID names a job's"
+		what, list = "attempt "+f.Attempt, "berth status lists the attempts holding slots, and berth events --job ID shows which attempt took a job (a warm VM's, or another job's runner, may have)"
 	case f.Job != 0:
 		what, list = fmt.Sprintf("job %d", f.Job), "berth jobs lists the jobs the log holds"
 	case f.Host != "":

@@ -58,6 +58,8 @@ func advice(culprit string) string {
 		return "the runners start and never take a job: check the image's runner version (GitHub refuses runners older than 30 days) and its network"
 	case events.CulpritBackend:
 		return "the backend reported the fault as its own: check its service (capacity, API answers)"
+	case events.CulpritBerth:
+		return "the agent could not open the placements (its log names the sealing key): trust each dispatcher instance's key with berth trust add $(berth dispatcher key --instance I), and check the host's curve key"
 	}
 	return "check the host's backend create step and the agent's log"
 }

@@ -248,19 +248,24 @@ func (f *Fleet) report(ctx context.Context, rep Report) (Report, error) {
 		rep.SlotsHeld += p.Held - p.WarmWarming - p.WarmIdle
 		rep.WarmIdle += p.WarmWarming + p.WarmIdle
 	}
+	// A VM left behind shows in the fold (live), on disk (its attempt's
+	// directory), or both: count each host's larger figure, not their sum
+	// (a VM in both was counted twice), and not the free warm VMs.
+	warmLive := map[string]int{}
+	for id := range warmFree {
+		if a := live.Attempts[id]; a != nil && a.VMLive() {
+			warmLive[a.Host]++
+		}
+	}
 	for _, h := range liveStatus.Hosts {
-		rep.VMsAlive += h.LiveVMs
+		onDisk := 0
 		dirs, _ := os.ReadDir(filepath.Join(f.Config.DataDir, "agents", h.Name, "attempts"))
 		for _, d := range dirs {
 			if !warmFree[d.Name()] {
-				rep.VMsAlive++
+				onDisk++
 			}
 		}
-	}
-	for id := range warmFree {
-		if a := live.Attempts[id]; a.VMLive() {
-			rep.VMsAlive--
-		}
+		rep.VMsAlive += max(h.LiveVMs-warmLive[h.Name], onDisk)
 	}
 	if rep.Interrupted {
 		return rep, nil // a replay of a busy log would keep the operator waiting
@@ -329,7 +334,7 @@ func PrintSummary(w io.Writer, r Report, keep bool) {
 		Percentile(r.QueueToStartWarm, 50).Round(time.Millisecond), Percentile(r.QueueToStartWarm, 99).Round(time.Millisecond))
 	fmt.Fprintf(w, "  cold starts:          %d jobs, p50 %s, p99 %s (VM booked and booted for the job)\n", r.ColdStarts,
 		Percentile(r.QueueToCold, 50).Round(time.Millisecond), Percentile(r.QueueToCold, 99).Round(time.Millisecond))
-	fmt.Fprintf(w, "warm VMs idle at end:   %d (the warm pools' targets)\n", r.WarmIdle)
+	fmt.Fprintf(w, "warm VMs idle at end:   %d (kept for the warm pools' targets; they hold slots of their own)\n", r.WarmIdle)
 	fmt.Fprintf(w, "slots held at the end:  %d\n", r.SlotsHeld)
 	fmt.Fprintf(w, "VMs alive at the end:   %d\n", r.VMsAlive)
 	fmt.Fprintf(w, "attempts:               %d; events in the log: %d\n", r.Attempts, r.Events)

@@ -217,7 +217,7 @@ func serviceCmd(name string, natsURL *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if c.NATS.URL == "" {
+			if c.NATS.URL == "" || natsGiven(cmd) {
 				c.NATS.URL = *natsURL
 			}
 			sys := run.NewSystem()
@@ -254,7 +254,7 @@ func agentCmd(natsURL *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if c.NATS.URL == "" {
+			if c.NATS.URL == "" || natsGiven(cmd) {
 				c.NATS.URL = *natsURL
 			}
 			if creds != "" {
@@ -682,4 +682,14 @@ func streamCmd(natsURL *string) *cobra.Command {
 	apply.Flags().StringVar(&cfgPath, "config", "/etc/berth/berth.yaml", "config file (its nats section)")
 	cmd.AddCommand(apply)
 	return cmd
+}
+
+// natsGiven reports whether the NATS URL was given on the command line
+// (--nats) or in BERTH_NATS_URL: then it wins over the config's nats.url,
+// as it does for every other command.
+func natsGiven(cmd *cobra.Command) bool {
+	if f := cmd.Flag("nats"); f != nil && f.Changed {
+		return true
+	}
+	return os.Getenv("BERTH_NATS_URL") != ""
 }

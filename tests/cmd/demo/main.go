@@ -59,10 +59,13 @@ func main() {
 	defer stop()
 	// The first Ctrl-C stops the run and the system (within seconds,
 	// saying what it waits for); a second one exits at once.
-	context.AfterFunc(ctx, func() {
+	unwatch := context.AfterFunc(ctx, func() {
 		fmt.Println("\ninterrupted: summarising what happened, then stopping (Ctrl-C again exits at once)")
 		secondInterruptExits(o.DataDir)
 	})
+	// Runs before stop (defers run last first): a run that ends by itself
+	// was not interrupted, though stop then cancels ctx.
+	defer unwatch()
 	fmt.Printf("Berth demo: %d jobs over pools linux (4 slots/host) and macos (2 slots/host) on hosts host-a and host-b\n", o.Jobs)
 	fmt.Println("building the simulated runner (`go build ./tests/cmd/ghsim`: a minute on a cold build cache) and starting NATS, dispatcher, watchdog, 2 agents and the GitHub simulator…")
 	start := time.Now()

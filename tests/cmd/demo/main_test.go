@@ -230,3 +230,35 @@ func TestADemoEndingOnItsTimeoutStopsWithinSeconds(t *testing.T) {
 		t.Errorf("exit %d; want 1 with a summary of the timed-out run:\n%s", code, out)
 	}
 }
+
+// Found by a new user: every demo that ended by itself printed
+// "interrupted: summarising what happened" (the signal context's cleanup
+// looked like a Ctrl-C). Given a short demo, when it serves its jobs, then
+// it exits 0 with RESULT: OK and says nothing of an interrupt, and it
+// counts no VM alive at the end (each VM was counted in the fold and on
+// disk).
+func TestADemoThatEndsByItselfWasNotInterrupted(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-jobs", "6", "-arrival", "1s", "-min-duration", "200ms", "-max-duration", "400ms",
+		"-nats-listen", "127.0.0.1:0", "-timeout", "3m", "-warm", "0")
+	cmd.Env = append(os.Environ(), "BERTH_DEMO_MAIN=1")
+	done := make(chan struct{})
+	var out []byte
+	var err error
+	go func() { out, err = cmd.CombinedOutput(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(4 * time.Minute):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("the demo did not end within 4 minutes:\n%s", out)
+	}
+	if err != nil || !strings.Contains(string(out), "RESULT: OK") {
+		t.Fatalf("the demo: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), "interrupted") {
+		t.Errorf("a demo that ended by itself says it was interrupted:\n%s", out)
+	}
+	if !strings.Contains(string(out), "VMs alive at the end:   0") {
+		t.Errorf("VMs alive at the end is not 0:\n%s", out)
+	}
+}

@@ -45,6 +45,9 @@ type StreamConfig struct {
 func Connect(url, name string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
 	base := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
 	nc, err := nats.Connect(url, append(base, opts...)...)
+	if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked) {
+		return nil, nil, fmt.Errorf("connect to NATS at %s: %w (this server wants a credential: pass --nats-nkey with the role's seed from berth nats-auth, e.g. cli.nk, or set nats.nkey_file in the config)", url, err)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to NATS at %s: %w (is nats-server running? `berth dev` embeds one)", url, err)
 	}

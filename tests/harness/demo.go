@@ -328,6 +328,9 @@ func PrintSummary(w io.Writer, r Report, keep bool) {
 	if r.Unfinished > 0 {
 		fmt.Fprintf(w, " (%d unfinished: %d queued, %d running)", r.Unfinished, r.Queued, r.Running)
 	}
+	if notSent := r.Jobs - r.Served - r.Failed; notSent > 0 {
+		fmt.Fprintf(w, "; %d not yet sent by the simulator", notSent)
+	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "queued → runner online: p50 %s, p99 %s\n", Percentile(r.QueueToStart, 50).Round(time.Millisecond), Percentile(r.QueueToStart, 99).Round(time.Millisecond))
 	fmt.Fprintf(w, "  warm hits:            %d jobs, p50 %s, p99 %s (on a VM booted before the job)\n", r.WarmHits,
@@ -360,8 +363,8 @@ func PrintSummary(w io.Writer, r Report, keep bool) {
 	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s replay --check --service %s --service %s\n", r.NATSURL, r.Dispatcher, r.Watchdog)
 	switch {
 	case r.Interrupted:
-		fmt.Fprintf(w, "RESULT: INTERRUPTED after %s: %d of %d jobs served, %d unfinished (their slots and VMs end with the system)\n",
-			r.Elapsed.Round(100*time.Millisecond), r.Served, r.Jobs, r.Unfinished)
+		fmt.Fprintf(w, "RESULT: INTERRUPTED after %s: %d of %d jobs served, %d unfinished, %d not yet sent (their slots and VMs end with the system)\n",
+			r.Elapsed.Round(100*time.Millisecond), r.Served, r.Jobs, r.Unfinished, max(r.Jobs-r.Served-r.Failed, 0))
 	case r.TimedOut:
 		fmt.Fprintf(w, "RESULT: TIMED OUT: %d of %d jobs served, %d unfinished, %d slots held, %d VMs alive; rerun with -keep and "+
 			"look at the page or `berth status` and `berth events --job <id>` for what waits (or raise -timeout if the fleet was only slow)\n",

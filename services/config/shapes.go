@@ -95,8 +95,11 @@ func validateShapes(at string, a Agent, bad func(string, ...any)) {
 		bad("%s.resources: cpu and memory cannot be negative", at)
 	}
 	for name, p := range a.Pools {
+		// A pool with shapes keeps berth- labels for them; one without may
+		// use a berth- label as its own selector (compose's berth-compose),
+		// which then reads as the one shape it offers.
 		for _, l := range p.Labels {
-			if events.IsShapeLabel(l) {
+			if events.IsShapeLabel(l) && len(p.Shapes) > 0 {
 				bad("%s.pools.%s.labels: %q starts with %s, which selects a machine shape: declare it under pools.%s.shapes.<name>.labels",
 					at, name, l, events.ShapeLabelPrefix, name)
 			}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -98,5 +99,23 @@ func TestCompletionOffersTheLogsNames(t *testing.T) {
 		if code != 0 || !strings.Contains("\n"+out, "\n"+want+"\n") {
 			t.Errorf("complete %q: exit %d (%v), offered:\n%s\nwant %s", line, code, err, out, want)
 		}
+	}
+}
+
+// Found by a new user: `berth status --config FILE` compared the stream
+// with FILE's nats section but dialled the default 127.0.0.1:4222, not
+// FILE's nats.url. Given a config naming a test server, when status runs
+// with it and no --nats, then it reads that server.
+func TestStatusWithAConfigReadsTheConfigsServer(t *testing.T) {
+	url, js, _ := testkit.NATS(t)
+	testkit.Stream(t, js, eventlog.StreamConfig{})
+	cfg := t.TempDir() + "/berth.yaml"
+	if err := os.WriteFile(cfg, []byte("nats:\n  url: "+url+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("BERTH_NATS_URL", "")
+	out, code, err := berthIn(t, "status", "--json", "--config", cfg)
+	if code != 0 || !strings.Contains(out, `"pools"`) {
+		t.Fatalf("status --config: exit %d (%v), printed %q; want the config's server's status", code, err, out)
 	}
 }

@@ -294,7 +294,19 @@ func statusCmd(natsURL *string) *cobra.Command {
   berth status --json | jq '.pools[] | {name, capacity, held}'
   berth status --watch            # redraws every 2 s until Ctrl-C`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			closeNC, js, err := run.JetStream(*natsURL)
+			url := *natsURL
+			if cfgPath != "" && !natsGiven(cmd) {
+				// The config names the server it describes, as it does for
+				// the services and stream apply; --nats still wins.
+				c, err := loadConfig(cfgPath)
+				if err != nil {
+					return err
+				}
+				if c.NATS.URL != "" {
+					url = c.NATS.URL
+				}
+			}
+			closeNC, js, err := run.JetStream(url)
 			if err != nil {
 				return natsError{err}
 			}
@@ -332,7 +344,7 @@ func statusCmd(natsURL *string) *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (the stable contract)")
 	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "print again every --every until interrupted (folds only new facts)")
 	cmd.Flags().DurationVar(&every, "every", 2*time.Second, "interval for --watch")
-	cmd.Flags().StringVar(&cfgPath, "config", "", "config file whose nats section the stream is compared with (stream_drift)")
+	cmd.Flags().StringVar(&cfgPath, "config", "", "config file whose nats section the stream is compared with (stream_drift); its nats.url is used unless --nats is given")
 	return cmd
 }
 

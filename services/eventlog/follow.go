@@ -135,14 +135,10 @@ func ReplayTo(ctx context.Context, js jetstream.JetStream, upto uint64, until ti
 	return foldTail(ctx, js, f, 1, last, until, progress)
 }
 
-// foldSafely applies e and turns a panic into an error, so one poison fact
-// cannot stop a replay: it is skipped like an undecodable one. A fact its
-// subject does not confirm is refused, as every service's shell refuses
-// it, so a replay equals the services' folds (law 10).
+// foldSafely applies e, admitted already (events.Admit), and turns a
+// panic into an error, so one poison fact cannot stop a replay: it is
+// skipped like an undecodable one.
 func foldSafely(f *events.Fleet, e events.Event) (err error) {
-	if _, err := events.Admit(f, e); err != nil {
-		return err
-	}
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("%w: %v", ErrPoison, p)

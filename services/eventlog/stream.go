@@ -339,23 +339,9 @@ func (a *Appender) ReadBack(ctx context.Context, seq uint64) (events.Event, erro
 	if a.NoReadBack {
 		return events.Event{}, ErrNoReadBack
 	}
-	timeout := a.Timeout
-	if timeout == 0 {
-		timeout = 5 * time.Second
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	s, err := a.JS.Stream(ctx, events.StreamName)
-	if err != nil {
-		return events.Event{}, fmt.Errorf("read back seq %d: %w", seq, err)
-	}
-	m, err := s.GetMsg(ctx, seq)
-	if err != nil {
-		return events.Event{}, fmt.Errorf("read back seq %d: %w", seq, err)
-	}
-	ev, err := events.Unmarshal(m.Data, m.Sequence)
-	ev.Seq, ev.Subject = m.Sequence, m.Subject
-	return ev, err
+	return a.read(ctx, seq, func(ctx context.Context, s jetstream.Stream) (*jetstream.RawStreamMsg, error) {
+		return s.GetMsg(ctx, seq)
+	})
 }
 
 // ErrHeldElsewhere: the fact stored under an id is not on the subject the
@@ -370,6 +356,18 @@ var ErrHeldElsewhere = errors.New("the id is held by a fact on another subject")
 // id first. A retried publish whose first try was stored is the last fact
 // on its subject, since the appender appends one fact at a time there.
 func (a *Appender) ReadBackOwn(ctx context.Context, subject string, seq uint64) (events.Event, error) {
+	return a.read(ctx, seq, func(ctx context.Context, s jetstream.Stream) (*jetstream.RawStreamMsg, error) {
+		m, err := s.GetLastMsgForSubject(ctx, subject)
+		if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && m.Sequence != seq) {
+			return nil, fmt.Errorf("%w: seq %d is not the last fact on %s", ErrHeldElsewhere, seq, subject)
+		}
+		return m, err
+	})
+}
+
+// read gets one stored message with get, bounded by the appender's
+// timeout (law 3), and decodes it with its stored sequence and subject.
+func (a *Appender) read(ctx context.Context, seq uint64, get func(context.Context, jetstream.Stream) (*jetstream.RawStreamMsg, error)) (events.Event, error) {
 	timeout := a.Timeout
 	if timeout == 0 {
 		timeout = 5 * time.Second
@@ -380,9 +378,9 @@ func (a *Appender) ReadBackOwn(ctx context.Context, subject string, seq uint64) 
 	if err != nil {
 		return events.Event{}, fmt.Errorf("read back seq %d: %w", seq, err)
 	}
-	m, err := s.GetLastMsgForSubject(ctx, subject)
-	if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && m.Sequence != seq) {
-		return events.Event{}, fmt.Errorf("%w: seq %d is not the last fact on %s", ErrHeldElsewhere, seq, subject)
+	m, err := get(ctx, s)
+	if errors.Is(err, ErrHeldElsewhere) {
+		return events.Event{}, err
 	}
 	if err != nil {
 		return events.Event{}, fmt.Errorf("read back seq %d: %w", seq, err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/cli"
+	"github.com/berth-ci/berth/services/testkit"
 	execbe "github.com/berth-ci/berth/services/vmagent/backends/exec"
 	"github.com/berth-ci/berth/tests/ghsim"
 )
@@ -359,6 +361,22 @@ func (s *System) verifyServices(ctx context.Context) {
 	t := s.t
 	t.Helper()
 	for _, base := range s.liveServiceURLs() {
+		// Compare only a service that says it has read the log up to where
+		// it stood when it (re)started (law 11): one restarted a moment ago
+		// may still wait for its killed predecessor's pull requests to
+		// expire before it takes its consumer back (about 5 s).
+		testkit.EventuallyErr(t, 60*time.Second, base+" caught up (/healthz 200)", func() error {
+			c := &http.Client{Timeout: 2 * time.Second}
+			resp, err := c.Get(base + "/healthz")
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("/healthz %d", resp.StatusCode)
+			}
+			return nil
+		})
 		live, err := s.Status(base)
 		if err != nil {
 			t.Errorf("%v", err)

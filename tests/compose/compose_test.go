@@ -40,7 +40,30 @@ var (
 	haPortVar = func(svc string) string {
 		return "BERTH_HA_" + strings.ToUpper(strings.ReplaceAll(svc, "-", "_")) + "_PORT"
 	}
+	// haPagePortVar names the variable that moves an ha dispatcher's
+	// page (issue 21: the page works in compose, both stacks).
+	haPagePortVar = func(svc string) string {
+		return "BERTH_HA_" + strings.ToUpper(strings.ReplaceAll(svc, "-", "_")) + "_PAGE_PORT"
+	}
 )
+
+// haPorts is each ha service's port variables with a port from next: the
+// API's, then the page's for a dispatcher.
+func haPorts(next func() int) (vars []string, ports map[string][]int) {
+	ports = map[string][]int{}
+	for _, svc := range slices.Concat(haNATS, haDispatchers, haWatchdogs) {
+		names := []string{haPortVar(svc)}
+		if slices.Contains(haDispatchers, svc) {
+			names = append(names, haPagePortVar(svc))
+		}
+		for _, v := range names {
+			p := next()
+			ports[svc] = append(ports[svc], p)
+			vars = append(vars, fmt.Sprintf("%s=%d", v, p))
+		}
+	}
+	return vars, ports
+}
 
 // repoRoot is the directory of docker-compose.yml.
 func repoRoot(t testing.TB) string {
@@ -155,15 +178,16 @@ func TestComposeConfig(t *testing.T) {
 	def := read(false)
 	_ = read(true)
 	// Each ha host port moves with its variable (the ha test relies on it).
-	var moved []string
-	for i, svc := range slices.Concat(haNATS, haDispatchers, haWatchdogs) {
-		moved = append(moved, fmt.Sprintf("%s=%d", haPortVar(svc), 40001+i))
-	}
+	n := 40000
+	moved, movedTo := haPorts(func() int { n++; return n })
 	movedDef := read(true, moved...)
-	for i, svc := range slices.Concat(haNATS, haDispatchers, haWatchdogs) {
-		want := []string{fmt.Sprintf("127.0.0.1:%d", 40001+i)}
+	for _, svc := range slices.Concat(haNATS, haDispatchers, haWatchdogs) {
+		var want []string
+		for _, p := range movedTo[svc] {
+			want = append(want, fmt.Sprintf("127.0.0.1:%d", p))
+		}
 		if got := movedDef[svc].ports(t); !slices.Equal(got, want) {
-			t.Errorf("%s with %s: publishes %v, want %v", svc, moved[i], got, want)
+			t.Errorf("%s with %v: publishes %v, want %v", svc, moved, got, want)
 		}
 	}
 
@@ -433,25 +457,32 @@ func peers(info *jetstream.StreamInfo) string {
 
 var httpClient = &http.Client{Timeout: 2 * time.Second}
 
+// get GETs url and decodes its JSON body into v (nil: the body is dropped).
 func get(ctx context.Context, url string, v any) error {
+	body, err := getBody(ctx, url)
+	if err != nil || v == nil {
+		return err
+	}
+	return json.Unmarshal([]byte(body), v)
+}
+
+// getBody is url's body, or an error naming its status when not 200.
+func getBody(ctx context.Context, url string) (string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return err
+		return "", err
 	}
 	resp, err := httpClient.Do(req)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer resp.Body.Close()
 	var body bytes.Buffer
 	_, _ = body.ReadFrom(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %d %s", url, resp.StatusCode, strings.TrimSpace(body.String()))
+		return "", fmt.Errorf("GET %s: %d %s", url, resp.StatusCode, strings.TrimSpace(body.String()))
 	}
-	if v != nil {
-		return json.Unmarshal(body.Bytes(), v)
-	}
-	return nil
+	return body.String(), nil
 }
 
 // Given the ha profile up (3 NATS nodes, the stream at 3 replicas, two
@@ -472,13 +503,15 @@ func TestHAProfileSurvivesTheStreamLeadersDeath(t *testing.T) {
 	berth := berthCLI(t, root)
 
 	s := &stack{cmd: cmd, root: root, project: fmt.Sprintf("berthha%d%d", os.Getpid(), time.Now().UnixNano()%1e6)}
-	ports := map[string]int{}
-	env := []string{"BERTH_WEBHOOK_SECRET=compose-test"}
-	for _, svc := range slices.Concat(haNATS, haDispatchers, haWatchdogs) {
-		ports[svc] = testkit.FreePort(t)
-		env = append(env, fmt.Sprintf("%s=%d", haPortVar(svc), ports[svc]))
+	vars, all := haPorts(func() int { return testkit.FreePort(t) })
+	ports, pages := map[string]int{}, map[string]string{}
+	for svc, p := range all {
+		ports[svc] = p[0]
+		if len(p) > 1 {
+			pages[svc] = fmt.Sprintf("http://127.0.0.1:%d/", p[1])
+		}
 	}
-	s.env = composeEnv(env...)
+	s.env = composeEnv(append([]string{"BERTH_WEBHOOK_SECRET=compose-test"}, vars...)...)
 	s.downAtCleanup(t, "--profile ha")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -665,6 +698,22 @@ func TestHAProfileSurvivesTheStreamLeadersDeath(t *testing.T) {
 		return nil
 	})
 	t.Logf("[%s] all four services healthy and caught up %v after the kill", since(), time.Since(killed).Round(10*time.Millisecond))
+
+	// Each dispatcher's page, published on the host's loopback, shows the
+	// cordon appended after the kill: the page follows its replica's fold.
+	testkit.Poll(t, ctx, 30*time.Second, 200*time.Millisecond, "each ha dispatcher's page shows the second cordon", func(ctx context.Context) error {
+		for _, svc := range haDispatchers {
+			body, err := getBody(ctx, pages[svc])
+			if err != nil {
+				return fmt.Errorf("%s's page: %w", svc, err)
+			}
+			if !strings.Contains(body, after) {
+				return fmt.Errorf("%s's page at %s does not show host %s cordoned %q", svc, pages[svc], host, after)
+			}
+		}
+		return nil
+	})
+	t.Logf("[%s] both dispatchers' pages show it: %v", since(), pages)
 
 	// The live projections agree with a replay of the log.
 	var check []string

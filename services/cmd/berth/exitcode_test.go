@@ -28,6 +28,17 @@ func berthIn(t *testing.T, args ...string) (string, int, error) {
 	return out.String(), exitCode(err), err
 }
 
+// Given a command or a flag berth does not know, when it runs, then it
+// exits 2 and what it prints says where the known ones are listed.
+func TestAnUnknownCommandOrFlagSaysWhereTheKnownOnesAre(t *testing.T) {
+	for args, want := range map[string]string{"nosuch": "berth --help", "status --nosuch": "berth COMMAND --help"} {
+		_, code, err := berthIn(t, strings.Fields(args)...)
+		if code != exitUsage || err == nil || !strings.Contains(errorText(err), want) {
+			t.Errorf("berth %s: exit %d, prints %q; want %d and a pointer to %q", args, code, errorText(err), exitUsage, want)
+		}
+	}
+}
+
 // Given a malformed --nats URL, when any command runs, then it exits 2
 // (bad usage) saying what a NATS URL looks like, not "is nats-server
 // running?" as if a server were down.
@@ -113,9 +124,18 @@ func TestStatusWithAConfigReadsTheConfigsServer(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte("nats:\n  url: "+url+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// A host only the test's server knows, so the test cannot pass by
+	// reading whatever else runs on the default 127.0.0.1:4222.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	app := &eventlog.Appender{JS: js, Source: "test", Role: events.RoleAgent}
+	at := time.Now()
+	if _, _, err := app.Append(ctx, app.New(at, &events.HostOnline{Host: "only-here", Boot: "b1", PhysicalCap: 1, At: at}), nil); err != nil {
+		t.Fatal(err)
+	}
 	t.Setenv("BERTH_NATS_URL", "")
 	out, code, err := berthIn(t, "status", "--json", "--config", cfg)
-	if code != 0 || !strings.Contains(out, `"pools"`) {
+	if code != 0 || !strings.Contains(out, `"only-here"`) {
 		t.Fatalf("status --config: exit %d (%v), printed %q; want the config's server's status", code, err, out)
 	}
 }

@@ -51,8 +51,22 @@ func main() {
 	if err == nil {
 		return
 	}
-	fmt.Fprintln(os.Stderr, "berth:", err)
+	fmt.Fprintln(os.Stderr, errorText(err))
 	os.Exit(exitCode(err))
+}
+
+// errorText is what main prints for err: the error, and for a command or
+// flag berth does not know, where the known ones are listed (a new user's
+// typo otherwise ends with no next step).
+func errorText(err error) string {
+	s := "berth: " + err.Error()
+	switch msg := err.Error(); {
+	case unknownCommand(err):
+		s += "\nrun `berth --help` to list the commands"
+	case strings.HasPrefix(msg, "unknown flag") || strings.HasPrefix(msg, "unknown shorthand flag"):
+		s += "\nrun `berth COMMAND --help` to list a command's flags"
+	}
+	return s
 }
 
 // exitCode is the README's exit code for a command's error.

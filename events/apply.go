@@ -36,6 +36,7 @@ func (f *Fleet) Apply(e Event) {
 		f.touch(a, e.Time, func() {
 			a.Reserved, a.ReservedAt = true, e.Time
 			a.BookedSeq = max(a.BookedSeq, e.Seq)
+			a.ReservedSeq = firstSeq(a.ReservedSeq, e.Seq)
 			a.N, a.Labels, a.Warm = d.N, d.Labels, a.Warm || d.Warm
 			if !d.Warm { // a warm VM's job comes from its claim
 				a.JobID = d.JobID
@@ -62,6 +63,7 @@ func (f *Fleet) Apply(e Event) {
 				a.ReleaseCulprit = releaseCulprit(d.Reason, d.Culprit)
 			}
 			a.Released = true
+			a.ReleasedSeq = firstSeq(a.ReleasedSeq, e.Seq)
 			if a.JobID == 0 {
 				a.JobID = d.JobID
 			}
@@ -487,4 +489,13 @@ func (f *Fleet) dropOld(now, cut, scut time.Time, retention time.Duration) {
 		}
 	}
 	f.settleDeliveries(scut, dcut.Unix())
+}
+
+// firstSeq is the earlier of a recorded sequence (0: none yet) and seq:
+// the same whatever order a replay applies facts in.
+func firstSeq(recorded, seq uint64) uint64 {
+	if recorded == 0 || (seq != 0 && seq < recorded) {
+		return seq
+	}
+	return recorded
 }

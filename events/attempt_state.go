@@ -60,7 +60,11 @@ type Attempt struct {
 	// BookedSeq is the stream sequence of the ledger fact that holds the
 	// slot: the booking, or a warm VM's claim (what a sealed placement
 	// names, package sealing).
-	BookedSeq                             uint64
+	BookedSeq uint64
+	// ReservedSeq and ReleasedSeq are the stream sequences of its first
+	// booking and its first release: where a job's timeline finds its
+	// slot facts, which stand on the pool's subject among every job's.
+	ReservedSeq, ReleasedSeq              uint64
 	RunnerStartedAt, FailedAt, TeardownAt time.Time
 	StoppedAt, AbandonedAt, LastAt        time.Time
 }

@@ -47,8 +47,8 @@ type directReq struct {
 }
 
 // page is one batched direct get: the facts matching filter from seq on
-// (at most pageSize), and how many more the stream holds after them.
-func page(ctx context.Context, nc *nats.Conn, stream, filter string, seq uint64) ([]Delivered, uint64, error) {
+// (at most batch), and how many more the stream holds after them.
+func page(ctx context.Context, nc *nats.Conn, stream, filter string, seq uint64, batch int) ([]Delivered, uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, pageTimeout)
 	defer cancel()
 	inbox := nc.NewInbox() // under the role's own inbox prefix
@@ -58,7 +58,7 @@ func page(ctx context.Context, nc *nats.Conn, stream, filter string, seq uint64)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	_ = sub.SetPendingLimits(-1, -1) // a page is bounded by pageSize; never drop part of it
-	body, _ := json.Marshal(directReq{Seq: max(seq, 1), NextFor: filter, Batch: pageSize})
+	body, _ := json.Marshal(directReq{Seq: max(seq, 1), NextFor: filter, Batch: batch})
 	if err := nc.PublishRequest("$JS.API.DIRECT.GET."+stream, inbox, body); err != nil {
 		return nil, 0, err
 	}
@@ -98,7 +98,7 @@ func page(ctx context.Context, nc *nats.Conn, stream, filter string, seq uint64)
 func Scan(ctx context.Context, js jetstream.JetStream, filter string, from, upTo uint64, fn func(Delivered) error) (uint64, error) {
 	next := max(from, 1)
 	for {
-		ds, pending, err := page(ctx, js.Conn(), events.StreamName, filter, next)
+		ds, pending, err := page(ctx, js.Conn(), events.StreamName, filter, next, pageSize)
 		if err != nil {
 			return next, err
 		}
@@ -115,4 +115,24 @@ func Scan(ctx context.Context, js jetstream.JetStream, filter string, from, upTo
 			return next, nil
 		}
 	}
+}
+
+// ErrNotAt: no fact matching the filter is stored at the sequence asked
+// for (it expired, or another subject's fact stands there).
+var ErrNotAt = errors.New("no such fact at that sequence")
+
+// At reads the one fact stored at seq, which must match filter (a direct
+// get of one message: a reader with rights to read filter's subjects may
+// read it, and no other subject's fact). A fact this build cannot decode
+// comes back with its decoding error in Delivered.Err; none at seq is
+// ErrNotAt.
+func At(ctx context.Context, js jetstream.JetStream, filter string, seq uint64) (Delivered, error) {
+	ds, _, err := page(ctx, js.Conn(), events.StreamName, filter, seq, 1)
+	if err != nil {
+		return Delivered{}, err
+	}
+	if len(ds) == 0 || ds[0].Event.Seq != seq {
+		return Delivered{}, fmt.Errorf("%w: seq %d on %s", ErrNotAt, seq, filter)
+	}
+	return ds[0], nil
 }

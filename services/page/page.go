@@ -358,9 +358,9 @@ func (s *Server) job(w http.ResponseWriter, r *http.Request) {
 	now := s.o.Now()
 	var tl Timeline
 	var found bool
-	var filters []string
+	var wh where
 	err = s.o.Read(ctx, func(f *events.Fleet) {
-		filters, tl.Attempts = attemptsOf(f, id)
+		wh, tl.Attempts = attemptsOf(f, id)
 		if j, ok := f.Jobs[id]; ok {
 			found, tl.Job = true, jobRow(j, now, len(tl.Attempts))
 		}
@@ -373,7 +373,7 @@ func (s *Server) job(w http.ResponseWriter, r *http.Request) {
 		tl.Job = JobRow{ID: id, Status: "not in the projection (never seen, or past the retention)"}
 	}
 	if s.o.JS != nil {
-		tl.Facts, tl.Truncated, err = readFacts(ctx, s.o.JS, filters)
+		tl.Facts, tl.Truncated, err = readFacts(ctx, s.o.JS, wh)
 		if err != nil {
 			http.Error(w, "reading the job's facts from the log: "+err.Error()+" (try `berth events --job "+strconv.FormatInt(id, 10)+"`)", http.StatusServiceUnavailable)
 			return

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -47,10 +49,26 @@ type Timeline struct {
 // never a sealed JIT config, a delivery id or a label set's payload.
 var detailKeys = []string{"conclusion", "runner_name", "bound_job_id", "step", "reason", "culprit", "error", "late", "ended", "took_ns"}
 
-// attemptsOf is the subject filters of job's facts (its own subject and
-// each of its attempts'), with what the fold says of each attempt.
-func attemptsOf(f *events.Fleet, job int64) ([]string, []AttemptOutcome) {
-	filters := []string{events.JobSubject(job)}
+// where is what of the log a job's timeline reads: the subjects of its
+// own facts and its attempts', and its slot facts by sequence (they stand
+// on the pool's subject, among every job's, so a scan of it would read
+// the whole pool's history).
+type where struct {
+	filters []string
+	slots   []at
+}
+
+// at is one stored fact: its sequence and the filter it must match.
+type at struct {
+	filter string
+	seq    uint64
+}
+
+// attemptsOf is where job's facts are (its own subject, each of its
+// attempts', and each attempt's booking, claim and release), with what the
+// fold says of each attempt.
+func attemptsOf(f *events.Fleet, job int64) (where, []AttemptOutcome) {
+	w := where{filters: []string{events.JobSubject(job)}}
 	var out []AttemptOutcome
 	for _, a := range f.Attempts {
 		if a.JobID != job && a.BoundJobID != job {
@@ -58,11 +76,16 @@ func attemptsOf(f *events.Fleet, job int64) ([]string, []AttemptOutcome) {
 		}
 		out = append(out, AttemptOutcome{ID: a.ID, Pool: a.Pool, Host: a.Host, Outcome: outcome(a)})
 		if a.Host != "" {
-			filters = append(filters, events.AttemptFilter(a.Host, a.ID))
+			w.filters = append(w.filters, events.AttemptFilter(a.Host, a.ID))
+		}
+		for _, seq := range []uint64{a.ReservedSeq, a.BookedSeq, a.ReleasedSeq} {
+			if seq != 0 && !slices.ContainsFunc(w.slots, func(x at) bool { return x.seq == seq }) {
+				w.slots = append(w.slots, at{filter: events.PoolFilter(a.Pool), seq: seq})
+			}
 		}
 	}
 	sort.Slice(out, func(i, k int) bool { return out[i].ID < out[k].ID })
-	return filters, out
+	return w, out
 }
 
 // outcome is an attempt's state in words, from the fold.
@@ -100,13 +123,24 @@ func outcome(a *events.Attempt) string {
 	return strings.Join(parts, "; ")
 }
 
-// readFacts reads the facts on filters from the log, in log order, at
+// readFacts reads the facts w names from the log, in log order, at
 // most MaxTimeline, with batched direct gets (eventlog.Scan, what `berth
 // events --job` reads): no consumer, which the dispatcher's permissions
 // grant only under its own name. It says whether more were left.
-func readFacts(ctx context.Context, js jetstream.JetStream, filters []string) ([]Fact, bool, error) {
+func readFacts(ctx context.Context, js jetstream.JetStream, w where) ([]Fact, bool, error) {
 	var all []events.Event
-	for _, filter := range filters {
+	for _, s := range w.slots {
+		d, err := eventlog.At(ctx, js, s.filter, s.seq)
+		switch {
+		case errors.Is(err, eventlog.ErrNotAt):
+			continue // expired: the attempt's outcome still says it
+		case err != nil:
+			return nil, false, fmt.Errorf("read the job's slot facts: %w", err)
+		case d.Err == nil:
+			all = append(all, d.Event)
+		}
+	}
+	for _, filter := range w.filters {
 		if _, err := eventlog.Scan(ctx, js, filter, 1, 0, func(d eventlog.Delivered) error {
 			if d.Err == nil {
 				all = append(all, d.Event)

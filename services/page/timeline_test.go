@@ -16,8 +16,9 @@ import (
 // Given job 7's facts in the log (queued, its attempt booked and placed,
 // then in progress and completed) beside another job's, when an operator
 // follows job 7 from the page, then its timeline lists its own facts in
-// log order, each with its attempt and host, and its attempt's outcome;
-// none of job 8's.
+// log order (its slot's booking and release among them, though they stand
+// on the pool's subject), each with its attempt and host, and its
+// attempt's outcome; none of job 8's.
 func TestAJobsTimelineIsItsFactsFromTheLog(t *testing.T) {
 	js, app := testkit.Log(t, "berth/dispatcher")
 	app.Role = events.RoleDispatcher
@@ -26,15 +27,23 @@ func TestAJobsTimelineIsItsFactsFromTheLog(t *testing.T) {
 	a := events.AttemptID(7, 1)
 	h := testkit.History().HostOnline("host-a", 4, 4).Queued(7).Queued(8).Reserved(7, 1, "host-a").Placed(7, 1, "host-a").
 		InProgress(7, a).Completed(7, a, "failure").Released(7, 1, "host-a", events.ReleaseCompleted)
+	// The fold is the stored facts' (the timeline finds slot facts by the
+	// sequences the fold recorded for them).
+	stored := events.NewFleet()
 	for _, e := range h.Events() {
 		if e.Type() == events.TypeHostOnline {
-			continue // an agent's fact; the timeline reads job and attempt subjects
+			stored.Apply(e) // an agent's fact; the timeline reads job, attempt and slot facts
+			continue
 		}
-		if _, _, err := app.Append(ctx, app.New(e.Time, e.Data), nil); err != nil {
+		ev := app.New(e.Time, e.Data)
+		seq, _, err := app.Append(ctx, ev, nil)
+		if err != nil {
 			t.Fatalf("append %s: %v", e.Type(), err)
 		}
+		ev.Seq = seq
+		stored.Apply(ev)
 	}
-	srv := start(t, newFold(h), page.Options{JS: js})
+	srv := start(t, &fold{h: h, f: stored}, page.Options{JS: js})
 	code, html := get(t, srv.Client(), srv.URL+"/job/7")
 	if code != http.StatusOK {
 		t.Fatalf("GET /job/7 = %d:\n%s", code, html)
@@ -44,7 +53,7 @@ func TestAJobsTimelineIsItsFactsFromTheLog(t *testing.T) {
 	for _, f := range facts {
 		got = append(got, f[1])
 	}
-	want := []string{"job.queued", "attempt.placed", "job.in_progress", "job.completed"}
+	want := []string{"job.queued", "slot.reserved", "attempt.placed", "job.in_progress", "job.completed", "slot.released"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("timeline %v, want %v", got, want)
 	}

@@ -101,6 +101,13 @@ images:
 	@echo "images 6/6: docker build berth/demo:local"
 	docker build -q -t berth/demo:local -f deploy/docker/demo.Dockerfile $(IMAGE_DIR)/demo
 
+## darwin-check: on any OS, type-check the vz backend's darwin/arm64 cgo build (its darwin files
+## against github.com/Code-Hex/vz/v3) with go/types; C itself needs a Mac (make vz-test). Also
+## part of make test.
+.PHONY: darwin-check
+darwin-check:
+	$(GO) test -count=1 -run TestDarwinBuildTypeChecks -v ./services/internal/crosscheck/
+
 ## vz-test: on a Mac with Apple silicon: lint the plists, vet and test the vz backend against
 ## Virtualization.framework (the test binary is signed so it may run guests; each guest in a
 ## helper process, the test binary re-executed), and build a signed bin/berth.

@@ -35,6 +35,8 @@ func AlarmCulprit(kind string) string {
 		return CulpritHost
 	case AlarmGitHubRefused:
 		return CulpritGitHub
+	case AlarmImageDegraded:
+		return CulpritImage
 	}
 	return ""
 }

@@ -122,6 +122,11 @@ func (f *Fleet) Apply(e Event) {
 			}
 			a.JobEnded = a.JobEnded || d.Ended
 		})
+		f.imageRanJob(d.AttemptRef, e)
+	case *AttemptRunnerVersion:
+		f.runnerVersion(d, e)
+	case *AttemptRunnerRefused:
+		f.runnerRefused(d, e)
 	case *AttemptRunnerBusy:
 		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) {
 			if d.At.After(a.RunnerBusyAt) {
@@ -345,7 +350,9 @@ func (f *Fleet) releaseHealth(d *SlotReleased, e Event) {
 	case d.Reason == ReleaseCompleted:
 		h := &f.host(d.Host).Health
 		h.RunnerOK = maxMark(h.RunnerOK, markOf(e))
-	case (HostFault(culprit) || culprit == CulpritBerth) && d.Reason != ReleaseHostLost:
+	case (HostFault(culprit) || culprit == CulpritBerth) && d.Reason != ReleaseHostLost && d.Reason != ReleaseRunnerRefused:
+		// (A refused runner is its image's, kept on Host.Images: the
+		// host serves its other images.)
 		// A placement the host's agent could not open (Berth's own setup:
 		// the dispatcher's sealing key is not trusted) counts too: the host
 		// cannot serve until it is fixed, so placements back off it with

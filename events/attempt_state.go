@@ -51,6 +51,11 @@ type Attempt struct {
 	// RunnerBusyAt is when GitHub last refused to delete its runner
 	// because it runs a job (AttemptRunnerBusy).
 	RunnerBusyAt time.Time
+	// Image and RunnerVersion are what its agent reported its runner
+	// booted (AttemptRunnerVersion); RunnerRefused: GitHub refused that
+	// runner for its version (AttemptRunnerRefused, image.go).
+	Image, RunnerVersion string
+	RunnerRefused        bool
 	// Warm VM (issue 8): booked without a job; Ready once booted; Claimed
 	// by a job; Assigned its JIT config.
 	Warm, Ready, Claimed, Assigned bool

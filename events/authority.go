@@ -52,6 +52,8 @@ var authors = map[string][]Role{
 	TypeAttemptFailed:            {RoleAgent},
 	TypeAttemptStopped:           {RoleAgent},
 	TypeAttemptReady:             {RoleAgent},
+	TypeAttemptRunnerVersion:     {RoleAgent},
+	TypeAttemptRunnerRefused:     {RoleAgent},
 	TypeAttemptAbandoned:         {RoleAgent, RoleWatchdog}, // a step overran; a teardown deadline passed
 
 	TypeHostOnline:     {RoleAgent},

@@ -26,6 +26,8 @@ const (
 	TypeAttemptAssigned          = "berth.attempt.assigned.v1"
 	TypeAttemptBound             = "berth.attempt.bound.v1"
 	TypeAttemptRunnerBusy        = "berth.attempt.runner_busy.v1"
+	TypeAttemptRunnerVersion     = "berth.attempt.runner_version.v1"
+	TypeAttemptRunnerRefused     = "berth.attempt.runner_refused.v1"
 
 	TypeHostOnline     = "berth.host.online.v1"
 	TypeHostDraining   = "berth.host.draining.v1"
@@ -65,6 +67,8 @@ var catalogue = map[string]func() Payload{
 	TypeAttemptAssigned:          func() Payload { return &AttemptAssigned{} },
 	TypeAttemptBound:             func() Payload { return &AttemptBound{} },
 	TypeAttemptRunnerBusy:        func() Payload { return &AttemptRunnerBusy{} },
+	TypeAttemptRunnerVersion:     func() Payload { return &AttemptRunnerVersion{} },
+	TypeAttemptRunnerRefused:     func() Payload { return &AttemptRunnerRefused{} },
 
 	TypeHostOnline:     func() Payload { return &HostOnline{} },
 	TypeHostDraining:   func() Payload { return &HostDraining{} },

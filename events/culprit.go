@@ -55,7 +55,7 @@ func ReleaseCulprit(reason string) string {
 		return CulpritJob
 	case ReleaseCreateFailed, ReleaseProvisionTimeout:
 		return CulpritHost
-	case ReleaseRegistration:
+	case ReleaseRegistration, ReleaseRunnerRefused:
 		return CulpritImage
 	case ReleaseRateLimited, ReleaseGitHubRefused:
 		return CulpritGitHub

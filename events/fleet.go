@@ -105,6 +105,9 @@ type Host struct {
 	// Health is what the log says about its recent placements (law 11):
 	// failures charged to it, successes, and a degradation.
 	Health HostHealth
+	// Images is what the log says of the runners each image starts here
+	// (image.go), by image name (ImageOf); nil until one reports.
+	Images map[string]*ImageHealth
 
 	online, state, cordon stamp
 }

@@ -10,6 +10,8 @@
 #   runner-started  written once run.sh runs (its content: the version)
 #   runner-exited   written when the runner ends (its exit status), or when
 #                   it cannot start (why)
+#   runner.log      the runner's output, as it prints it: the agent reads its
+#                   version and GitHub's refusal of an outdated runner there
 #
 # Every file is written aside and renamed, so the agent never reads half of
 # one. The agent's deadlines decide how long anything may take: this script
@@ -54,7 +56,7 @@ while [ ! -s "$SHARE/jitconfig" ]; do
 done
 
 cd "$RUNNER_DIR" || exit 1
-./run.sh --jitconfig "$(cat "$SHARE/jitconfig")" &
+./run.sh --jitconfig "$(cat "$SHARE/jitconfig")" >"$SHARE/runner.log" 2>&1 &
 pid=$!
 put runner-started "$version"
 log "runner started (pid $pid)"

@@ -361,7 +361,11 @@ func (c *Config) Defaults() {
 
 // BackendHost is what agent a's backend may know of it.
 func (c *Config) BackendHost(a Agent) backend.Host {
-	return backend.Host{Name: a.Host, DataDir: c.DataDir, PhysicalCap: a.PhysicalCap}
+	shapes := map[string]*events.Shape{}
+	for pool, ps := range a.AdvertisedPools() {
+		shapes[pool] = ps.Shape
+	}
+	return backend.Host{Name: a.Host, DataDir: c.DataDir, PhysicalCap: a.PhysicalCap, Shapes: shapes}
 }
 
 // Validate reports every problem at once, each with what to change.

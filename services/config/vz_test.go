@@ -2,6 +2,7 @@ package config
 
 import (
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -25,7 +26,7 @@ agents:
 	want := vz.Settings{BaseImage: "/Users/ci/berth/base", ClonesRoot: "/var/lib/berth/agents/mac-1/vz", CPUs: 4, Memory: 8 << 30,
 		Steps:     backend.Steps{CreateTimeout: 10 * time.Minute, StopTimeout: 2 * time.Minute},
 		StopGrace: time.Minute, ForceTimeout: 30 * time.Second}
-	if got, ok := a.Backend.Settings.(*vz.Settings); a.Backend.Kind != "vz" || !ok || *got != want {
+	if got, ok := a.Backend.Settings.(*vz.Settings); a.Backend.Kind != "vz" || !ok || !reflect.DeepEqual(*got, want) {
 		t.Errorf("kind %q, vz %+v; want vz, %+v", a.Backend.Kind, a.Backend.Settings, want)
 	}
 }
@@ -81,5 +82,36 @@ func TestExampleVZAgentLoads(t *testing.T) {
 	}
 	if v, ok := c.Agents[0].Backend.Settings.(*vz.Settings); !ok || v.BaseImage == "" || v.Memory != 8<<30 {
 		t.Errorf("example vz agent parsed as %+v", c.Agents[0].Backend)
+	}
+}
+
+// A vz agent's shapes are checked against its images when the config is
+// read: a shape naming an image the section does not list is refused with
+// the pool and the images it has, not at a job's boot.
+func TestVZShapesNameImagesTheHostHas(t *testing.T) {
+	conf := `agents:
+  - host: mac-1
+    physical_cap: 2
+    pools:
+      macos:
+        labels: [self-hosted, macos]
+        slots: 2
+        shapes:
+          xcode16: {labels: [berth-image-xcode-16], image: xcode-16, cpu: 8, memory: 16GiB}
+          old: {labels: [berth-image-xcode-15], image: xcode-15}
+    backend:
+      vz:
+        base_image: /b
+        images: {xcode-16: /images/xcode-16}
+`
+	_, err := Parse([]byte(conf))
+	if err == nil || !strings.Contains(err.Error(), "pool macos-old") || !strings.Contains(err.Error(), `image "xcode-15", which this host does not have (vz.images: xcode-16)`) {
+		t.Fatalf("Parse = %v; want the shape's unknown image refused", err)
+	}
+	if strings.Contains(err.Error(), "macos-xcode16") {
+		t.Errorf("the shape with a listed image was refused too: %v", err)
+	}
+	if _, err := Parse([]byte(strings.Replace(conf, "{xcode-16: /images/xcode-16}", "{xcode-16: /images/xcode-16, xcode-15: /images/xcode-15}", 1))); err != nil {
+		t.Errorf("with both images listed: %v", err)
 	}
 }

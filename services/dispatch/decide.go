@@ -229,7 +229,7 @@ func decide(f *events.Fleet, p Params, demand demandSource) Plan {
 	pl := &planner{f: f, p: p, demand: demand, labels: f.PoolLabels(), unbound: map[string][]*events.Attempt{},
 		warm: map[string][]*events.Attempt{}, ownUnbound: map[int64]bool{}, expiring: map[string]bool{},
 		unminted: map[string]int{}, failedNow: map[int64]int{}, booked: map[string]int{}, heldNow: map[[2]string]int{},
-		starting: map[string]int{}, hosts: map[string][]*events.Host{}}
+		starting: map[string]int{}, unboundAt: map[[2]string]int{}, hosts: map[string][]*events.Host{}}
 	pl.conflicts()
 	pl.unknownShapes()
 	for a := range f.UnquietAttempts() {
@@ -287,6 +287,7 @@ type planner struct {
 	booked        map[string]int  // host → attempts booked in this plan
 	heldNow       map[[2]string]int
 	starting      map[string]int            // host → held attempts whose runner has not started (a probe in flight)
+	unboundAt     map[[2]string]int         // host, pool → held attempts no job took (an image's probe in flight)
 	hosts         map[string][]*events.Host // pool → the hosts with room, read once a round
 }
 
@@ -343,6 +344,9 @@ func (pl *planner) attempt(a *events.Attempt) {
 		pl.unreleased(a, bound)
 		if a.Held() && !a.RunnerStarted && !a.Failed && !a.Abandoned {
 			pl.starting[a.Host]++
+		}
+		if a.Held() && bound == 0 {
+			pl.unboundAt[[2]string{a.Host, a.Pool}]++
 		}
 	}
 	if b, ok := binding(f, a, bound); ok {
@@ -422,6 +426,12 @@ func (pl *planner) released(a *events.Attempt, bound int64) (events.SlotReleased
 		// counted on the host until it is seen stopped. It is charged to
 		// the host (or to what the agent named), never to the job.
 		return charged(release(a, events.ReleaseCreateFailed), failedCulprit(a)), true
+	case a.RunnerRefused:
+		// GitHub refused its runner's version: it exits without taking a
+		// job, and so would the next of its image. The image's fault, never
+		// the job's: the job stays demand, and the image is booked on that
+		// host only as a probe (probeDue) until it works again.
+		return charged(release(a, events.ReleaseRunnerRefused), events.CulpritImage), true
 	case a.Placed && a.Deregistered:
 		// GitHub confirmed its runner gone (a deadline or a surplus
 		// deregistration): nothing can take a job on it any more.
@@ -611,11 +621,12 @@ func hostWithdrawn(f *events.Fleet, a *events.Attempt) string {
 // failed), then to the name that sorts first. A degraded host is left out
 // unless probe says a probe placement is due there, and then it comes
 // first: its one probe proves it healthy or not (nil: degraded hosts are
-// left out). warm asks for a host whose backend can keep warm VMs; only,
+// left out). So is a host whose image for pool is degraded (GitHub refused
+// its runners' version, events.ImageHealth). warm asks for a host whose backend can keep warm VMs; only,
 // when set, considers that host alone. hosts are the candidates: the
 // fold's hosts with room in pool (a round walks those, not the fleet).
 func pickHost(hosts []*events.Host, pool string, booked map[string]int, heldNow map[[2]string]int, warm bool,
-	probe func(*events.Host) bool, only ...string) string {
+	probe func(h *events.Host, pool string) bool, only ...string) string {
 	type rank struct {
 		probe        bool
 		free, streak int
@@ -645,8 +656,8 @@ func pickHost(hosts []*events.Host, pool string, booked map[string]int, heldNow 
 			continue
 		}
 		r := rank{free: free, name: name}
-		if h.Health.Degraded {
-			if probe == nil || !probe(h) {
+		if h.Health.Degraded || h.ImageDegraded(pool) != nil {
+			if probe == nil || !probe(h, pool) {
 				continue
 			}
 			r.probe = true
@@ -659,15 +670,51 @@ func pickHost(hosts []*events.Host, pool string, booked map[string]int, heldNow 
 	return best.name
 }
 
-// probeDue reports whether a degraded host may take a probe placement now:
-// none is in flight there (booked this round, or held with no runner
-// started yet), and the back-off since it was degraded, or since its last
-// failed probe, is over: ProbeAfter doubled per failed probe, at most
-// ProbeMax, measured on the plan's Now.
-func (pl *planner) probeDue(h *events.Host) bool {
-	if pl.p.Now.IsZero() || pl.booked[h.Name] > 0 || pl.starting[h.Name] > 0 {
+// probeDue reports whether a degraded host, or a host whose image for pool
+// is degraded, may take a probe placement of pool now: nothing is booked
+// there this round, and each degradation's own probe is due (hostProbeDue,
+// imageProbeDue).
+func (pl *planner) probeDue(h *events.Host, pool string) bool {
+	if pl.p.Now.IsZero() || pl.booked[h.Name] > 0 {
 		return false
 	}
+	return (!h.Health.Degraded || pl.hostProbeDue(h)) && pl.imageProbeDue(h, pool)
+}
+
+// hostProbeDue: no probe is in flight on the degraded host (held with no
+// runner started yet), and the back-off since it was degraded, or since
+// its last failed probe, is over: ProbeAfter doubled per failed probe, at
+// most ProbeMax, measured on the plan's Now.
+func (pl *planner) hostProbeDue(h *events.Host) bool {
+	if pl.starting[h.Name] > 0 {
+		return false
+	}
+	failed, last := h.Health.FailedSince(h.Health.Since)
+	from := h.Health.Since.At
+	if last.At.After(from) {
+		from = last.At
+	}
+	return pl.p.Now.Sub(from) >= pl.backoff(failed)
+}
+
+// imageProbeDue: the image pool boots on h is not degraded; or no runner of
+// pool there waits for a job (a probe in flight) and the back-off since
+// GitHub's last refusal is over: ProbeAfter doubled per refusal after the
+// first, at most ProbeMax.
+func (pl *planner) imageProbeDue(h *events.Host, pool string) bool {
+	img := h.ImageDegraded(pool)
+	if img == nil {
+		return true
+	}
+	if pl.unboundAt[[2]string{h.Name, pool}] > 0 {
+		return false
+	}
+	return pl.p.Now.Sub(img.LastRefused().At) >= pl.backoff(img.RefusalsSinceAccepted()-1)
+}
+
+// backoff is ProbeAfter doubled n times, at most ProbeMax (defaults
+// DefaultProbeAfter, DefaultProbeMax).
+func (pl *planner) backoff(n int) time.Duration {
 	first, most := pl.p.ProbeAfter, pl.p.ProbeMax
 	if first <= 0 {
 		first = DefaultProbeAfter
@@ -675,16 +722,11 @@ func (pl *planner) probeDue(h *events.Host) bool {
 	if most <= 0 {
 		most = DefaultProbeMax
 	}
-	failed, last := h.Health.FailedSince(h.Health.Since)
-	from := h.Health.Since.At
-	if last.At.After(from) {
-		from = last.At
-	}
 	wait := first
-	for ; failed > 0 && wait < most; failed-- {
+	for ; n > 0 && wait < most; n-- {
 		wait *= 2
 	}
-	return pl.p.Now.Sub(from) >= min(wait, most)
+	return min(wait, most)
 }
 
 // failedCulprit is who a failed or abandoned create is charged to: what

@@ -50,6 +50,10 @@ type Options struct {
 	// live attempt owns may stay before it is stopped; 0 means 2 min.
 	InventoryEvery time.Duration
 	OrphanGrace    time.Duration
+	// RunnerPoll is how often the output of runners that took no job yet
+	// is read for their version and GitHub's refusal of it (runners.go);
+	// 0 means DefaultRunnerPoll.
+	RunnerPoll time.Duration
 	// RetryBase is the first wait before a failed or overrun stop is tried
 	// again; it doubles up to 5 min. 0 means 5 s.
 	RetryBase time.Duration
@@ -79,6 +83,7 @@ type Agent struct {
 	reannounced         time.Time
 	hostLost            bool // the last host fact watchHost folded says this host is lost
 	sweep               sweep
+	runners             runnerWatch
 	lastHK              time.Time
 	wg                  sync.WaitGroup
 }
@@ -258,6 +263,7 @@ func (a *Agent) Decide(ctx context.Context) {
 		Reannounced: a.reannounced, Creating: a.creating, Stopping: a.stopping, RetryAt: a.retryAt, InFlight: a.InFlight}
 	a.Execute(ctx, Decide(a.Fold, l), a.call)
 	a.inventory(ctx, now)
+	a.watchRunners(ctx, now)
 	a.housekeep(now)
 }
 

@@ -57,7 +57,8 @@ type harness struct {
 	sealer   nkeys.KeyPair
 	agentKey string // the agent's curve public key, from its HostOnline
 	rec      *recorder
-	stop     func() // stops the running agent
+	stop     func()            // stops the running agent
+	pools    map[string]string // attempt → the pool it was placed in (placeOn), for its teardown
 }
 
 func newHarness(t *testing.T, mutate func(*vmagent.Options)) *harness {
@@ -75,7 +76,7 @@ func newHarnessOn(t *testing.T, b backend.Backend, mutate func(*vmagent.Options)
 		t.Fatal(err)
 	}
 	h := &harness{host: "host-a", js: js, app: &eventlog.Appender{JS: js, Source: "berth/dispatcher/test"},
-		be: testkit.NewBackend(t), backend: b, sealer: sealer, rec: &recorder{}, stop: func() {}}
+		be: testkit.NewBackend(t), backend: b, sealer: sealer, rec: &recorder{}, stop: func() {}, pools: map[string]string{}}
 	if h.backend == nil {
 		h.backend = h.be
 	}
@@ -183,14 +184,30 @@ func (h *harness) append(t *testing.T, p events.Payload) {
 // agent's curve key, as the dispatcher does.
 func (h *harness) place(t *testing.T, host, attempt string, jobID int64, jit []byte) {
 	t.Helper()
-	sealed, err := sealing.Seal(h.sealer, h.agentKey, sealing.Placement{Attempt: attempt, Host: host, Pool: "linux", JobID: jobID, BookedSeq: 1, JIT: jit})
+	h.placeOn(t, host, "linux", attempt, jobID, jit)
+}
+
+// placeIn places attempt in pool on the harness's host, with the pool's
+// labels.
+func (h *harness) placeIn(t *testing.T, pool, attempt string, jobID int64, jit []byte) {
+	t.Helper()
+	h.placeOn(t, h.host, pool, attempt, jobID, jit)
+}
+
+func (h *harness) placeOn(t *testing.T, host, pool, attempt string, jobID int64, jit []byte) {
+	t.Helper()
+	sealed, err := sealing.Seal(h.sealer, h.agentKey, sealing.Placement{Attempt: attempt, Host: host, Pool: pool, JobID: jobID, BookedSeq: 1, JIT: jit})
 	if err != nil {
 		t.Fatal(err)
 	}
 	by, _ := h.sealer.PublicKey()
 	labels := []string{"self-hosted", "linux"}
-	h.append(t, events.SlotReserved{Pool: "linux", Host: host, Attempt: attempt, JobID: jobID, N: 1, Labels: labels})
-	h.append(t, events.AttemptPlaced{AttemptRef: events.AttemptRef{Attempt: attempt, Pool: "linux", Host: host},
+	if ps, ok := h.opts.Pools[pool]; ok && pool != "linux" {
+		labels = ps.Labels
+	}
+	h.pools[attempt] = pool
+	h.append(t, events.SlotReserved{Pool: pool, Host: host, Attempt: attempt, JobID: jobID, N: 1, Labels: labels})
+	h.append(t, events.AttemptPlaced{AttemptRef: events.AttemptRef{Attempt: attempt, Pool: pool, Host: host},
 		JobID: jobID, Labels: labels, RunnerID: jobID * 10, SealedJIT: sealed, SealedBy: by, SealedTo: h.agentKey})
 }
 
@@ -198,8 +215,12 @@ func (h *harness) place(t *testing.T, host, attempt string, jobID int64, jit []b
 // dispatcher does when the job completes (law 2: release first).
 func (h *harness) teardown(t *testing.T, attempt string) {
 	t.Helper()
-	h.append(t, events.SlotReleased{Pool: "linux", Host: h.host, Attempt: attempt, Reason: events.ReleaseCompleted})
-	h.append(t, events.AttemptTeardownRequested{AttemptRef: events.AttemptRef{Attempt: attempt, Pool: "linux", Host: h.host},
+	pool := h.pools[attempt]
+	if pool == "" {
+		pool = "linux"
+	}
+	h.append(t, events.SlotReleased{Pool: pool, Host: h.host, Attempt: attempt, Reason: events.ReleaseCompleted})
+	h.append(t, events.AttemptTeardownRequested{AttemptRef: events.AttemptRef{Attempt: attempt, Pool: pool, Host: h.host},
 		Reason: events.ReleaseCompleted})
 }
 

@@ -3,6 +3,7 @@ package vmagent_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -36,6 +37,12 @@ type vzHost struct {
 const vzStopTimeout, vzPoll = 2 * time.Minute, time.Second
 
 func newVZHost(t *testing.T, mode func(attempt string) string) *vzHost {
+	return newVZHostWith(t, mode, nil, nil)
+}
+
+// newVZHostWith is newVZHost with the backend's config and the agent's
+// options changed by cfg and opts (nil: as they are).
+func newVZHostWith(t *testing.T, mode func(attempt string) string, cfg func(*vz.Config), opts func(*vmagent.Options)) *vzHost {
 	t.Helper()
 	dir := t.TempDir()
 	base := filepath.Join(dir, "base")
@@ -55,14 +62,21 @@ func newVZHost(t *testing.T, mode func(attempt string) string) *vzHost {
 	clones := filepath.Join(dir, "clones")
 	// RunnerTimeout is a day of fake time: only Drive moves it, and only
 	// once the fake guest has written what the backend waits for.
-	b, err := vz.New(vz.Config{BaseImage: base, ClonesRoot: clones, PhysicalCap: 1,
+	c := vz.Config{BaseImage: base, ClonesRoot: clones, PhysicalCap: 1,
 		RunnerTimeout: 24 * time.Hour, StopGrace: time.Minute, ForceTimeout: 30 * time.Second, KillTimeout: 10 * time.Second,
-		Poll: vzPoll, Clock: fk}, helpers)
+		Poll: vzPoll, Clock: fk}
+	if cfg != nil {
+		cfg(&c)
+	}
+	b, err := vz.New(c, helpers)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := newHarnessOn(t, b, func(o *vmagent.Options) {
 		o.PhysicalCap, o.CreateTimeout, o.StopTimeout = 1, time.Minute, vzStopTimeout
+		if opts != nil {
+			opts(o)
+		}
 	})
 	return &vzHost{harness: h, helpers: helpers, fk: fk, clones: clones}
 }
@@ -167,5 +181,48 @@ func TestAWarmMacOSGuestIsAssignedThroughTheShare(t *testing.T) {
 	}
 	if got := v.helpers.Running(); len(got) != 0 {
 		t.Errorf("helpers (VM objects) left: %v", got)
+	}
+}
+
+// A macOS host whose pool offers a shape (berth-size-l on the
+// xcode-16 image, 8 CPUs, 16 GiB): a placement in that shape's pool boots,
+// through the agent and a real helper process, a guest from the xcode-16
+// image with the shape's CPUs and memory; a placement in the plain pool
+// boots the base image at the backend's size.
+func TestAMacOSJobOfAShapeBootsItsMachine(t *testing.T) {
+	var xcode string
+	v := newVZHostWith(t, func(string) string { return vztest.Stops }, func(c *vz.Config) {
+		xcode = filepath.Join(filepath.Dir(c.BaseImage), "xcode-16")
+		if err := os.MkdirAll(xcode, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(xcode, "disk.img"), []byte("xcode-16 disk"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c.Images, c.CPUs, c.Memory = map[string]string{"xcode-16": xcode}, 4, 8<<30
+	}, func(o *vmagent.Options) {
+		o.Pools = map[string]events.PoolSlots{
+			"macos":         {Labels: []string{"macos", "self-hosted"}, Slots: 1},
+			"macos-xcode16": {Labels: []string{"berth-size-l", "macos", "self-hosted"}, Slots: 1, Shape: &events.Shape{CPU: 8, MemoryMiB: 16384, Image: "xcode-16"}},
+		}
+	})
+	for _, tc := range []struct {
+		pool, attempt string
+		job           int64
+		disk, machine string
+	}{
+		{"macos-xcode16", "berth-60-1", 60, "xcode-16 disk", fmt.Sprintf("cpus=8 memory=%d", 16<<30)},
+		{"macos", "berth-61-1", 61, "disk", fmt.Sprintf("cpus=4 memory=%d", 8<<30)},
+	} {
+		v.placeIn(t, tc.pool, tc.attempt, tc.job, []byte("jit"))
+		v.wait(t, tc.attempt, events.TypeAttemptRunnerStarted)
+		dir := filepath.Join(v.clones, tc.attempt)
+		disk, _ := os.ReadFile(filepath.Join(dir, "disk.img"))
+		machine, _ := os.ReadFile(filepath.Join(dir, vztest.MachineFile))
+		if string(disk) != tc.disk || string(machine) != tc.machine {
+			t.Errorf("%s (pool %s) booted disk %q with %q; want disk %q with %q", tc.attempt, tc.pool, disk, machine, tc.disk, tc.machine)
+		}
+		v.teardown(t, tc.attempt)
+		v.wait(t, tc.attempt, events.TypeAttemptStopped)
 	}
 }

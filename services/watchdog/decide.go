@@ -156,6 +156,7 @@ func Decide(f *events.Fleet, now time.Time, seen map[string]time.Time, p Params)
 		}
 		plan.abandonedCap(h, now, p.AbandonedCap)
 		plan.hostHealth(f, h, now, p)
+		plan.imageAlarms(f, h, now)
 	}
 	plan.gitHubAlarm(f, now)
 	// The live index: a terminal attempt (no slot, no VM) has no deadline

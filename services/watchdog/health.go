@@ -117,3 +117,45 @@ func culprit(a *events.Attempt, reason string) string {
 	}
 	return ""
 }
+
+// imageAlarms raises, for each pool of h whose image GitHub refuses the
+// runners of (events.ImageHealth), one alarm naming the image, the refused
+// version and the minimum, and clears it once the image works again.
+func (p *Plan) imageAlarms(f *events.Fleet, h *events.Host, now time.Time) {
+	pools := make([]string, 0, len(h.Pools))
+	for pool := range h.Pools {
+		pools = append(pools, pool)
+	}
+	sort.Strings(pools)
+	for _, pool := range pools {
+		key := events.AlarmImageDegraded + "/" + pool + "/" + h.Name
+		al := f.Alarms[key]
+		img := h.ImageDegraded(pool)
+		switch active := al != nil && al.Active; {
+		case img != nil && !active:
+			p.Raise = append(p.Raise, events.AlarmRaised{Key: key, Kind: events.AlarmImageDegraded, Pool: pool, At: now,
+				Message: imageMessage(h.Name, pool, img)})
+		case img == nil && active:
+			p.Clear = append(p.Clear, events.AlarmCleared{Key: key, Pool: pool, At: now})
+		}
+	}
+}
+
+// imageMessage says which image GitHub refuses, why, the least version it
+// takes, and what to do.
+func imageMessage(host, pool string, img *events.ImageHealth) string {
+	minimum := "GitHub names no minimum in this refusal: use a release of actions/runner published within the last 30 days " +
+		"(since 2026-09-25 GitHub refuses older ones)"
+	if img.Minimum != "" {
+		minimum = "GitHub requires at least " + img.Minimum + " and a release published within the last 30 days"
+	}
+	version := img.RefusedVersion
+	if version == "" {
+		version = "(version not printed)"
+	}
+	return fmt.Sprintf("image %s on host %s (pool %s) is degraded: GitHub refused its runner %s (%q); %s. "+
+		"Jobs of the pool lose no attempt and wait as demand (other hosts serve them if they can); "+
+		"rebuild the image with a current actions/runner, or let the runner update itself; "+
+		"one probe placement at a time comes back here after a back-off, and the alarm clears when a runner of the image takes a job or reports another version",
+		img.Name, host, pool, version, img.Message, minimum)
+}

@@ -7,6 +7,8 @@ package backend
 import (
 	"context"
 	"errors"
+	"io"
+	"os"
 
 	"github.com/berth-ci/berth/events"
 )
@@ -68,6 +70,48 @@ type Backend interface {
 	// vm.Warm) with the JIT config now in vm.JITConfigFile, and returns
 	// when the runner was started; ErrNoAssign without an assign step.
 	Assign(ctx context.Context, vm VM) error
+}
+
+// RunnerOutput is a Backend that can read what an attempt's runner printed
+// (its stdout and stderr), so the agent can report the runner's version
+// and GitHub's refusal of it (package runnerlog). A backend that cannot
+// see its runners' output (ec2) does not implement it.
+type RunnerOutput interface {
+	// RunnerOutput returns the last MaxRunnerOutput bytes the attempt's
+	// runner printed so far; nothing (and no error) before it printed.
+	RunnerOutput(ctx context.Context, vm VM) ([]byte, error)
+}
+
+// MaxRunnerOutput bounds what RunnerOutput returns: a runner that took no
+// job has printed a few hundred bytes.
+const MaxRunnerOutput = 64 << 10
+
+// RunnerLogName is the file a runner's output goes to in the attempt's
+// own directory (exec: WorkDir/runner.log, given to the commands as
+// BERTH_RUNNER_LOG; vz: the guest's share).
+const RunnerLogName = "runner.log"
+
+// ReadTail returns the last MaxRunnerOutput bytes of the file at path; a
+// file that does not exist yet is no output.
+func ReadTail(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if off := fi.Size() - MaxRunnerOutput; off > 0 {
+		if _, err := f.Seek(off, io.SeekStart); err != nil {
+			return nil, err
+		}
+	}
+	return io.ReadAll(io.LimitReader(f, MaxRunnerOutput))
 }
 
 // StopReporter is a Backend whose stop escalates (vz: ask, force, kill the

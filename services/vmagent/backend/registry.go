@@ -9,6 +9,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/berth-ci/berth/events"
 )
 
 // Steps are the deadlines every backend's steps run under (law 3). Each
@@ -69,6 +71,10 @@ type Host struct {
 	DataDir string
 	// PhysicalCap is the agent's physical_cap (after its default).
 	PhysicalCap int
+	// Shapes are the machine shapes of the pools the agent advertises,
+	// by advertised pool (nil for a pool that declares none): a backend's
+	// Validate checks it can build each (vz: an image it lists).
+	Shapes map[string]*events.Shape
 	// Logger is the agent's logger (nil in config checks).
 	Logger *slog.Logger
 }

@@ -15,6 +15,11 @@
 //	BERTH_CPU, BERTH_MEMORY_MIB, BERTH_DISK_GIB, BERTH_IMAGE
 //	                       the machine shape the pool declares (issue 20);
 //	                       empty when it declares none (size the VM as usual)
+//	BERTH_RUNNER_LOG       where the runner's output should go (a file in
+//	                       the work dir): the agent reads the runner's
+//	                       version and GitHub's refusal of it there
+//	                       (issue 20); a command that sends it elsewhere
+//	                       only loses that report
 //
 // Warm VMs (issue 8): with an assign command, create runs for a warm VM
 // with BERTH_WARM=1 and an empty BERTH_JIT_CONFIG_FILE, and returns when the
@@ -38,6 +43,7 @@ import (
 	"fmt"
 	"os"
 	osexec "os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -121,6 +127,12 @@ func (b *Backend) Create(ctx context.Context, vm backend.VM) error {
 	return b.run(ctx, "create", b.CreateCmd, vm)
 }
 
+// RunnerOutput implements backend.RunnerOutput: what the runner wrote to
+// BERTH_RUNNER_LOG (the create command sends the runner's output there).
+func (b *Backend) RunnerOutput(ctx context.Context, vm backend.VM) ([]byte, error) {
+	return backend.ReadTail(filepath.Join(vm.WorkDir, backend.RunnerLogName))
+}
+
 // Stop implements backend.Backend.
 func (b *Backend) Stop(ctx context.Context, vm backend.VM) error {
 	return b.run(ctx, "stop", b.StopCmd, vm)
@@ -148,6 +160,7 @@ func (b *Backend) run(ctx context.Context, step string, argv []string, vm backen
 		"BERTH_MEMORY_MIB="+positive(shape.MemoryMiB),
 		"BERTH_DISK_GIB="+positive(shape.DiskGiB),
 		"BERTH_IMAGE="+shape.Image,
+		"BERTH_RUNNER_LOG="+filepath.Join(vm.WorkDir, backend.RunnerLogName),
 	)
 	var out tail
 	cmd.Stdout, cmd.Stderr = &out, &out

@@ -13,6 +13,7 @@ import (
 
 	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/vmagent/backend"
+	"github.com/berth-ci/berth/services/vmagent/runnerlog"
 )
 
 // guestScript is the daemon shipped for guest images.
@@ -78,13 +79,15 @@ func (h *scriptHV) Drop(ctx context.Context, a string) error {
 }
 
 // fakeRunner is an actions/runner directory whose run.sh records its
-// arguments, then exits with status 3 once the file "finish" appears.
+// arguments, prints its version as actions/runner does, then exits with
+// status 3 once the file "finish" appears.
 func fakeRunner(t *testing.T) string {
 	dir := t.TempDir()
 	must(t, os.MkdirAll(filepath.Join(dir, "bin"), 0o755))
 	must(t, os.WriteFile(filepath.Join(dir, "bin", "Runner.Listener"), []byte("#!/bin/sh\necho 2.330.0\n"), 0o755))
 	must(t, os.WriteFile(filepath.Join(dir, "run.sh"), []byte(`#!/bin/sh
 printf '%s\n' "$@" > "$(dirname "$0")/args"
+echo "Current runner version: '2.330.0'"
 while [ ! -e "$(dirname "$0")/finish" ]; do sleep 0.01; done
 exit 3
 `), 0o755))
@@ -129,6 +132,10 @@ func TestTheShippedGuestDaemonStartsTheRunnerFromTheShare(t *testing.T) {
 			if got, _ := os.ReadFile(filepath.Join(shared, RunnerStarted)); strings.TrimSpace(string(got)) != "2.330.0" {
 				t.Errorf("runner-started = %q; want the runner's version", got)
 			}
+			testkit.Eventually(t, 20*time.Second, "the runner's output on the share", func() bool {
+				out, err := fx.b.RunnerOutput(ctx, vm)
+				return err == nil && runnerlog.Read(out).Version == "2.330.0"
+			})
 			must(t, os.WriteFile(filepath.Join(runner, "finish"), nil, 0o600))
 			testkit.Eventually(t, 20*time.Second, "runner-exited", func() bool {
 				b, err := os.ReadFile(filepath.Join(shared, RunnerExited))

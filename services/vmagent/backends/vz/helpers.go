@@ -25,7 +25,7 @@ type Helpers struct {
 	// stdin and stdout (Helpers sets them); nil: this berth binary run as
 	// `berth vz-guest`.
 	Command func(attempt string) *exec.Cmd
-	// CPUs and Memory (bytes) are each guest's.
+	// CPUs and Memory (bytes) are a guest's when its Guest names none.
 	CPUs   uint
 	Memory uint64
 	Logger *slog.Logger
@@ -216,7 +216,8 @@ func (h *Helpers) Boot(ctx context.Context, g Guest) error {
 	}
 	h.procs[g.Attempt] = p
 	h.mu.Unlock()
-	_, err = p.call(ctx, request{Op: opBoot, Guest: &g, CPUs: h.CPUs, Memory: h.Memory})
+	cpus, memory := g.size(h.CPUs, h.Memory) // the attempt's machine shape
+	_, err = p.call(ctx, request{Op: opBoot, Guest: &g, CPUs: cpus, Memory: memory})
 	return err
 }
 

@@ -55,7 +55,7 @@ func TestServeAnswersWhileAStopIsWedgedAndEndsOnDrop(t *testing.T) {
 	}()
 	g, err := fx.b.GuestFor("berth-3-1")
 	must(t, err)
-	must(t, fx.b.prepare(g, fx.jit))
+	must(t, fx.b.prepare(g, Machine{BaseImage: fx.b.cfg.BaseImage}, fx.jit))
 
 	send := func(r request) {
 		t.Helper()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"sort"
 	"time"
 
 	"github.com/berth-ci/berth/services/bytesize"
@@ -25,7 +26,13 @@ type Settings struct {
 	// ClonesRoot holds the per-attempt clones, on the same APFS volume as
 	// BaseImage (default: <data_dir>/agents/<host>/vz).
 	ClonesRoot string `yaml:"clones_root"`
-	// CPUs and Memory per guest (default 4 and 8GiB).
+	// Images are more base images by name (e.g. xcode-16:
+	// /Users/Shared/berth/images/xcode-16), each a directory like
+	// BaseImage: a machine shape's image picks one (pools.<p>.shapes.<s>.
+	// image); a shape naming no image boots BaseImage.
+	Images map[string]string `yaml:"images"`
+	// CPUs and Memory per guest (default 4 and 8GiB), unless its machine
+	// shape sets them.
 	CPUs   uint          `yaml:"cpus"`
 	Memory bytesize.Size `yaml:"memory"`
 	// Steps: create bounds clone + boot + runner start (default 10m), stop
@@ -71,9 +78,15 @@ func (v *Settings) Validate(at string, h backend.Host, bad backend.Report) {
 	if h.PhysicalCap > MaxPhysicalCap {
 		bad("%s: physical_cap %d: a macOS host runs at most 2 guests; set physical_cap: 2 (or fewer slots)", at, h.PhysicalCap)
 	}
-	if v.Memory < 2<<30 {
+	if v.Memory < MinGuestMemory {
 		bad("%s.memory %v: give a macOS guest at least 2GiB", at, v.Memory)
 	}
+	for name, dir := range v.Images {
+		if name == "" || dir == "" {
+			bad("%s.images: %q: %q: give each image a name and the directory of its base guest", at, name, dir)
+		}
+	}
+	v.checkShapes(at, h, bad)
 	v.Steps.Check(at, bad)
 }
 
@@ -90,6 +103,24 @@ func fromSettings(_ context.Context, s backend.Settings, h backend.Host) (backen
 	// Each guest in a helper process of its own (`berth vz-guest`), so a
 	// stop that wedges ends with the helper's SIGKILL, not the agent's.
 	hv := &Helpers{CPUs: v.CPUs, Memory: uint64(v.Memory), Logger: h.Logger}
-	return New(Config{BaseImage: v.BaseImage, ClonesRoot: v.ClonesRoot, PhysicalCap: h.PhysicalCap,
+	return New(Config{BaseImage: v.BaseImage, Images: v.Images, CPUs: v.CPUs, Memory: uint64(v.Memory), ClonesRoot: v.ClonesRoot, PhysicalCap: h.PhysicalCap,
 		RunnerTimeout: v.CreateTimeout, StopGrace: v.StopGrace, ForceTimeout: v.ForceTimeout}, hv)
+}
+
+// checkShapes resolves the machine of every pool the agent advertises
+// (h.Shapes) as Create will, so a shape naming an image the section does
+// not list, or too little memory, is refused when the config is read
+// rather than at a job's boot.
+func (v *Settings) checkShapes(at string, h backend.Host, bad backend.Report) {
+	c := Config{BaseImage: v.BaseImage, Images: v.Images, CPUs: v.CPUs, Memory: uint64(v.Memory)}
+	pools := make([]string, 0, len(h.Shapes))
+	for p := range h.Shapes {
+		pools = append(pools, p)
+	}
+	sort.Strings(pools)
+	for _, p := range pools {
+		if _, err := c.MachineFor(h.Shapes[p]); err != nil {
+			bad("%s: pool %s: %v", at, p, err)
+		}
+	}
 }

@@ -67,12 +67,12 @@ func ImportTart(src, dst string, clone func(src, dst string) error) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	for from, to := range map[string]string{tartDisk: "disk.img", tartNVRAM: "aux.img"} {
+	for from, to := range map[string]string{tartDisk: diskImageName, tartNVRAM: auxStorageName} {
 		if err := clone(filepath.Join(src, from), filepath.Join(tmp, to)); err != nil {
 			return fmt.Errorf("clone %s: %w", from, err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(tmp, "hardware-model"), hw, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(tmp, hardwareModelName), hw, 0o644); err != nil {
 		return err
 	}
 	if err := os.Chmod(tmp, 0o755); err != nil {

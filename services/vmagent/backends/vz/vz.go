@@ -25,6 +25,7 @@
 //	<clones>/<attempt>/shared/guest-ready    written by the guest's daemon once it waits for a JIT config
 //	<clones>/<attempt>/shared/runner-started written by the guest once its runner runs
 //	<clones>/<attempt>/shared/runner-exited  written by the guest when its runner ends (its exit status)
+//	<clones>/<attempt>/shared/runner.log     the runner's output, written by the guest (RunnerOutput)
 //
 // The guest image's contract (deploy/guest: a launchd daemon and its
 // script): at boot, write guest-ready, wait for jitconfig in the shared
@@ -68,6 +69,13 @@ const (
 	tmpClonePrefix = ".tmp-"
 )
 
+// Files of a macOS guest bundle (a base image; cloned per attempt).
+const (
+	diskImageName     = "disk.img"
+	auxStorageName    = "aux.img"
+	hardwareModelName = "hardware-model"
+)
+
 // State is what the hypervisor says about an attempt's guest.
 type State int
 
@@ -104,6 +112,10 @@ type Guest struct {
 	MachineIDFile string
 	// SharedDir is shared with the guest read-write (virtio-fs).
 	SharedDir string
+	// CPUs and MemoryBytes are the guest's machine (Machine, from its
+	// attempt's shape); 0 in a Guest made by GuestFor alone.
+	CPUs        uint   `json:"cpus,omitempty"`
+	MemoryBytes uint64 `json:"memory_bytes,omitempty"`
 }
 
 // Hypervisor is the part that touches Virtualization.framework. Every call
@@ -155,6 +167,13 @@ type Config struct {
 	// BaseImage is a directory holding the base guest's files (disk.img,
 	// aux.img, hardware-model, ...); each regular file is cloned per attempt.
 	BaseImage string
+	// Images are more base images by name, chosen by a machine shape's
+	// image (MachineFor); a shape naming none boots BaseImage.
+	Images map[string]string
+	// CPUs and Memory (bytes) are a guest's when its shape sets none (0:
+	// 4 CPUs, 8 GiB).
+	CPUs   uint
+	Memory uint64
 	// ClonesRoot holds one directory per attempt; it must be on the same
 	// APFS volume as BaseImage for clones to be copy-on-write.
 	ClonesRoot string
@@ -231,6 +250,12 @@ func New(cfg Config, hv Hypervisor) (*Backend, error) {
 	def(&cfg.ForceTimeout, 15*time.Second)
 	def(&cfg.Poll, 250*time.Millisecond)
 	def(&cfg.KillTimeout, 10*time.Second)
+	if cfg.CPUs == 0 {
+		cfg.CPUs = 4
+	}
+	if cfg.Memory == 0 {
+		cfg.Memory = 8 << 30
+	}
 	if cfg.Clone == nil {
 		cfg.Clone = platformClone
 	}
@@ -340,8 +365,9 @@ func (b *Backend) List(ctx context.Context) ([]string, error) {
 	return ParseInventory(entries), nil
 }
 
-// Create implements backend.Backend: clone the base image into the
-// attempt's directory, give it its own machine identifier and shared
+// Create implements backend.Backend: resolve the attempt's machine from its
+// shape (MachineFor: CPUs, memory, disk, image), clone its image into the
+// attempt's directory (the disk grown to the shape's), give it its own machine identifier and shared
 // directory with the JIT config, boot it, and wait (at most RunnerTimeout,
 // and never past ctx) for its runner to start. A warm Create (vm.Warm, no
 // JIT config yet) waits for the guest's daemon to be ready instead; Assign
@@ -353,10 +379,15 @@ func (b *Backend) Create(ctx context.Context, vm backend.VM) error {
 	if err != nil {
 		return err
 	}
+	m, err := b.cfg.MachineFor(vm.Shape)
+	if err != nil {
+		return fmt.Errorf("%s: %w", vm.Attempt, err)
+	}
+	g.CPUs, g.MemoryBytes = m.CPUs, m.MemoryBytes
 	if err := b.reserve(ctx, vm.Attempt); err != nil {
 		return err
 	}
-	if err := b.prepare(g, vm.JITConfigFile); err != nil {
+	if err := b.prepare(g, m, vm.JITConfigFile); err != nil {
 		return fmt.Errorf("vz backend: prepare %s: %w", vm.Attempt, err)
 	}
 	if err := b.call(ctx, 0, func(ctx context.Context) error { return b.hv.Boot(ctx, g) }); err != nil {
@@ -403,12 +434,12 @@ func (b *Backend) forget(attempt string) {
 	b.mu.Unlock()
 }
 
-// prepare makes the attempt's directory anew: the base image's regular
-// files cloned into a temporary sibling, the shared directory with the JIT
+// prepare makes the attempt's directory anew: the regular files of m's
+// image cloned into a temporary sibling (disk.img grown to m's disk), the shared directory with the JIT
 // config, then one rename, so the inventory never sees half a clone. An
 // earlier directory of the same attempt (a retried create) is replaced: it
 // is this attempt's own, and a fresh clone boots from a clean disk.
-func (b *Backend) prepare(g Guest, jitFile string) error {
+func (b *Backend) prepare(g Guest, m Machine, jitFile string) error {
 	if err := os.MkdirAll(b.cfg.ClonesRoot, 0o700); err != nil {
 		return err
 	}
@@ -425,22 +456,25 @@ func (b *Backend) prepare(g Guest, jitFile string) error {
 			os.RemoveAll(tmp)
 		}
 	}()
-	entries, err := os.ReadDir(b.cfg.BaseImage)
+	entries, err := os.ReadDir(m.BaseImage)
 	if err != nil {
-		return fmt.Errorf("read base image: %w (vz.base_image must be a directory with the base guest's files)", err)
+		return fmt.Errorf("read image %s: %w (vz.base_image and each of vz.images must be a directory with a base guest's files)", m.BaseImage, err)
 	}
 	n := 0
 	for _, e := range entries {
 		if !e.Type().IsRegular() || e.Name() == MachineIDFile || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		if err := b.cfg.Clone(filepath.Join(b.cfg.BaseImage, e.Name()), filepath.Join(tmp, e.Name())); err != nil {
+		if err := b.cfg.Clone(filepath.Join(m.BaseImage, e.Name()), filepath.Join(tmp, e.Name())); err != nil {
 			return fmt.Errorf("clone %s: %w", e.Name(), err)
 		}
 		n++
 	}
 	if n == 0 {
-		return fmt.Errorf("base image %s holds no files to clone", b.cfg.BaseImage)
+		return fmt.Errorf("image %s holds no files to clone", m.BaseImage)
+	}
+	if err := growDisk(tmp, m.DiskBytes); err != nil {
+		return err
 	}
 	shared := filepath.Join(tmp, SharedDir)
 	if err := os.Mkdir(shared, 0o700); err != nil {
@@ -499,6 +533,16 @@ func (b *Backend) waitFor(ctx context.Context, g Guest, name string) error {
 		case <-tick.C():
 		}
 	}
+}
+
+// RunnerOutput implements backend.RunnerOutput: the runner's output the
+// guest's daemon writes to the share.
+func (b *Backend) RunnerOutput(ctx context.Context, vm backend.VM) ([]byte, error) {
+	g, err := b.GuestFor(vm.Attempt)
+	if err != nil {
+		return nil, err
+	}
+	return backend.ReadTail(filepath.Join(g.SharedDir, backend.RunnerLogName))
 }
 
 // Stop implements backend.Backend: StopReport without the ending.

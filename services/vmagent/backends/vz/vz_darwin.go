@@ -28,13 +28,6 @@ func init() {
 	}
 }
 
-// Files of a macOS guest bundle (from the base image, cloned per attempt).
-const (
-	diskImage     = "disk.img"
-	auxStorage    = "aux.img"
-	hardwareModel = "hardware-model"
-)
-
 // framework runs guests in this process: in berth, a helper process
 // (`berth vz-guest`) holding one guest, which dies with it.
 type framework struct {
@@ -90,7 +83,8 @@ func (f *framework) configure(g Guest) (*vzfw.VirtualMachineConfiguration, error
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := vzfw.NewVirtualMachineConfiguration(boot, f.cpus, f.memory)
+	cpus, memory := g.size(f.cpus, f.memory) // the attempt's machine shape
+	cfg, err := vzfw.NewVirtualMachineConfiguration(boot, cpus, memory)
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +116,7 @@ func (f *framework) configure(g Guest) (*vzfw.VirtualMachineConfiguration, error
 // image, its own machine identifier (kept across boots of one clone), and
 // its auxiliary storage.
 func macPlatform(g Guest) (*vzfw.MacPlatformConfiguration, error) {
-	hw, err := vzfw.NewMacHardwareModelWithDataPath(filepath.Join(g.Dir, hardwareModel))
+	hw, err := vzfw.NewMacHardwareModelWithDataPath(filepath.Join(g.Dir, hardwareModelName))
 	if err != nil {
 		return nil, fmt.Errorf("hardware model: %w", err)
 	}
@@ -130,7 +124,7 @@ func macPlatform(g Guest) (*vzfw.MacPlatformConfiguration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("machine identifier: %w", err)
 	}
-	aux, err := vzfw.NewMacAuxiliaryStorage(filepath.Join(g.Dir, auxStorage))
+	aux, err := vzfw.NewMacAuxiliaryStorage(filepath.Join(g.Dir, auxStorageName))
 	if err != nil {
 		return nil, fmt.Errorf("auxiliary storage: %w", err)
 	}
@@ -140,7 +134,7 @@ func macPlatform(g Guest) (*vzfw.MacPlatformConfiguration, error) {
 // attachStorage gives the guest its bundle's cloned disk image, read-write, as its
 // only block device.
 func attachStorage(cfg *vzfw.VirtualMachineConfiguration, bundle string) error {
-	disk, err := vzfw.NewDiskImageStorageDeviceAttachment(filepath.Join(bundle, diskImage), false)
+	disk, err := vzfw.NewDiskImageStorageDeviceAttachment(filepath.Join(bundle, diskImageName), false)
 	if err != nil {
 		return fmt.Errorf("disk: %w", err)
 	}

@@ -39,7 +39,11 @@ func ServeIfHelper() {
 	if mode == "" {
 		return
 	}
-	err := vz.Serve(context.Background(), os.Stdin, os.Stdout, func(uint, uint64) (vz.Hypervisor, error) { return NewFake(mode), nil })
+	err := vz.Serve(context.Background(), os.Stdin, os.Stdout, func(cpus uint, memory uint64) (vz.Hypervisor, error) {
+		f := NewFake(mode)
+		f.cpus, f.memory = cpus, memory
+		return f, nil
+	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "vztest helper:", err)
 		os.Exit(1)
@@ -61,7 +65,9 @@ func Command(mode func(attempt string) string) func(attempt string) *exec.Cmd {
 // guest's berth daemon writes guest-ready at boot and runner-started once
 // jitconfig is on the share (at once when it is there at boot).
 type Fake struct {
-	mode string
+	mode   string
+	cpus   uint   // the machine the helper was asked to boot
+	memory uint64 // bytes
 
 	mu      sync.Mutex
 	state   map[string]vz.State
@@ -74,9 +80,18 @@ func NewFake(mode string) *Fake {
 	return &Fake{mode: mode, state: map[string]vz.State{}, objects: map[string]bool{}, stop: make(chan struct{})}
 }
 
+// MachineFile is written by a helper's fake into the guest's directory at
+// boot: the CPUs and memory the helper was asked to give the guest, as
+// "cpus=N memory=BYTES".
+const MachineFile = "fake-machine"
+
 // Boot implements vz.Hypervisor.
 func (f *Fake) Boot(ctx context.Context, g vz.Guest) error {
 	if err := os.WriteFile(g.MachineIDFile, []byte("fake-"+g.Attempt), 0o600); err != nil {
+		return err
+	}
+	machine := fmt.Sprintf("cpus=%d memory=%d", f.cpus, f.memory)
+	if err := os.WriteFile(filepath.Join(g.Dir, MachineFile), []byte(machine), 0o600); err != nil {
 		return err
 	}
 	f.mu.Lock()

@@ -7,7 +7,9 @@
 //	ghsim exec create|stop|list             # the exec backend's steps, for a FROM-scratch agent image
 //
 // runner exits 0 after completing its one job, or when stopped by SIGTERM/SIGINT;
-// 1 on any other failure. serve exits 0 once all N jobs completed.
+// 1 on any other failure. serve exits 0 once all N jobs completed, unless
+// --stay keeps it serving (the API and its runners' JIT configs) until
+// SIGTERM/SIGINT.
 package main
 
 import (
@@ -93,6 +95,7 @@ func serve(ctx context.Context, log *slog.Logger, args []string) error {
 	labels := fs.String("labels", "self-hosted,linux", "comma-separated job labels")
 	dur := fs.Duration("duration", 2*time.Second, "how long each job runs")
 	public := fs.String("public-url", "", "base URL clients reach the sim by, put in JIT configs (e.g. http://sim:9000 on a compose network)")
+	stay := fs.Bool("stay", false, "keep serving after all jobs completed, until Ctrl-C (default: exit 0)")
 	waitFor := fs.String("wait-for", "", "enqueue only once GET on this URL answers 200 (e.g. the dispatcher's /healthz): GitHub does not retry a failed delivery")
 	_ = fs.Parse(args)
 
@@ -132,7 +135,12 @@ func serve(ctx context.Context, log *slog.Logger, args []string) error {
 			last = line
 		}
 		if counts[ghsim.StatusCompleted] == *jobs && allDelivered(sim) {
-			fmt.Println("ghsim: all jobs completed and webhooks delivered")
+			if !*stay {
+				fmt.Println("ghsim: all jobs completed and webhooks delivered; exiting (--stay keeps serving)")
+				return nil
+			}
+			fmt.Println("ghsim: all jobs completed and webhooks delivered; serving on until Ctrl-C (--stay)")
+			<-ctx.Done()
 			return nil
 		}
 		select {

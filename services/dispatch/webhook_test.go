@@ -33,7 +33,7 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testkit.LeakOptions()...) }
 
 var secret = []byte("berth-webhook-test-secret")
 

@@ -18,10 +18,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// nats-server keeps a few process-wide goroutines after Shutdown.
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).startGoRoutine.func1"),
-		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).logRejectedTLSConns"))
+	goleak.VerifyTestMain(m, testkit.LeakOptions()...)
 }
 
 // fakeT records a Fatalf instead of ending the test, so that the kit's

@@ -11,7 +11,7 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testkit.LeakOptions()...) }
 
 // The fake clock: every fact and every Decide happens at t0 + an offset.
 var t0 = time.Date(2025, 3, 1, 9, 0, 0, 0, time.UTC)

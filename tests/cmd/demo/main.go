@@ -60,8 +60,10 @@ func main() {
 	// The first Ctrl-C stops the run and the system (within seconds,
 	// saying what it waits for); a second one exits at once.
 	unwatch := context.AfterFunc(ctx, func() {
-		fmt.Println("\ninterrupted: summarising what happened, then stopping (Ctrl-C again exits at once)")
+		// Listening before saying so: a second Ctrl-C sent on reading
+		// the line must find the handler there.
 		secondInterruptExits(o.DataDir)
+		fmt.Println("\ninterrupted: summarising what happened, then stopping (Ctrl-C again exits at once)")
 	})
 	// Runs before stop (defers run last first): a run that ends by itself
 	// was not interrupted, though stop then cancels ctx.

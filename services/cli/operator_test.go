@@ -14,7 +14,7 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testkit.LeakOptions()...) }
 
 // Given a host in the log, when an operator cordons, uncordons and drains it
 // with the CLI, then each is a fact on the host's subject that the fold

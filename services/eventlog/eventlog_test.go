@@ -16,7 +16,7 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testkit.LeakOptions()...) }
 
 // waitLimit bounds every wait: far above what anything here needs.
 const waitLimit = 10 * time.Second

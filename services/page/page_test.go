@@ -21,7 +21,7 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testkit.LeakOptions()...) }
 
 // fold is a live fold a test changes under a lock, as the dispatcher's
 // loop would between two reads.

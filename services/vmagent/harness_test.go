@@ -26,7 +26,7 @@ import (
 
 func TestMain(m *testing.M) {
 	vztest.ServeIfHelper() // this binary re-executed as a vz guest's helper (vz_test.go)
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, testkit.LeakOptions()...)
 }
 
 // waitLimit bounds every wait in this package: far above what any step

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/watchdog"
 	"go.uber.org/goleak"
 )

@@ -67,18 +67,25 @@ func advice(culprit string) string {
 // degradedAlarms raises, for a degraded host, one alarm per pool it offers,
 // and clears them when the host is healthy again.
 func (p *Plan) degradedAlarms(f *events.Fleet, h *events.Host, now time.Time, degraded bool, msg string) {
+	p.poolAlarms(f, h, events.AlarmHostDegraded, now, func(string) (bool, string) { return degraded, msg })
+}
+
+// poolAlarms raises, for each pool h offers, the alarm kind/pool/host while
+// state says it holds (with its message), and clears it once it does not.
+func (p *Plan) poolAlarms(f *events.Fleet, h *events.Host, kind string, now time.Time, state func(pool string) (bool, string)) {
 	pools := make([]string, 0, len(h.Pools))
 	for pool := range h.Pools {
 		pools = append(pools, pool)
 	}
 	sort.Strings(pools)
 	for _, pool := range pools {
-		key := events.AlarmHostDegraded + "/" + pool + "/" + h.Name
+		key := kind + "/" + pool + "/" + h.Name
 		al := f.Alarms[key]
+		on, msg := state(pool)
 		switch active := al != nil && al.Active; {
-		case degraded && !active:
-			p.Raise = append(p.Raise, events.AlarmRaised{Key: key, Kind: events.AlarmHostDegraded, Pool: pool, At: now, Message: msg})
-		case !degraded && active:
+		case on && !active:
+			p.Raise = append(p.Raise, events.AlarmRaised{Key: key, Kind: kind, Pool: pool, At: now, Message: msg})
+		case !on && active:
 			p.Clear = append(p.Clear, events.AlarmCleared{Key: key, Pool: pool, At: now})
 		}
 	}
@@ -122,23 +129,12 @@ func culprit(a *events.Attempt, reason string) string {
 // runners of (events.ImageHealth), one alarm naming the image, the refused
 // version and the minimum, and clears it once the image works again.
 func (p *Plan) imageAlarms(f *events.Fleet, h *events.Host, now time.Time) {
-	pools := make([]string, 0, len(h.Pools))
-	for pool := range h.Pools {
-		pools = append(pools, pool)
-	}
-	sort.Strings(pools)
-	for _, pool := range pools {
-		key := events.AlarmImageDegraded + "/" + pool + "/" + h.Name
-		al := f.Alarms[key]
-		img := h.ImageDegraded(pool)
-		switch active := al != nil && al.Active; {
-		case img != nil && !active:
-			p.Raise = append(p.Raise, events.AlarmRaised{Key: key, Kind: events.AlarmImageDegraded, Pool: pool, At: now,
-				Message: imageMessage(h.Name, pool, img)})
-		case img == nil && active:
-			p.Clear = append(p.Clear, events.AlarmCleared{Key: key, Pool: pool, At: now})
+	p.poolAlarms(f, h, events.AlarmImageDegraded, now, func(pool string) (bool, string) {
+		if img := h.ImageDegraded(pool); img != nil {
+			return true, imageMessage(h.Name, pool, img)
 		}
-	}
+		return false, ""
+	})
 }
 
 // imageMessage says which image GitHub refuses, why, the least version it

@@ -39,6 +39,20 @@ func TestAnUnknownCommandOrFlagSaysWhereTheKnownOnesAre(t *testing.T) {
 	}
 }
 
+// Given a help topic berth does not know, when `berth help TOPIC` runs,
+// then it exits 2 saying where the known ones are; a known topic exits 0
+// with that command's help.
+func TestAnUnknownHelpTopicIsBadUsage(t *testing.T) {
+	_, code, err := berthIn(t, "help", "nosuch")
+	if code != exitUsage || err == nil || !strings.Contains(err.Error(), "berth --help") {
+		t.Errorf("berth help nosuch: exit %d, %v; want %d pointing to berth --help", code, err, exitUsage)
+	}
+	out, code, err := berthIn(t, "help", "status")
+	if code != 0 || err != nil || !strings.Contains(out, "berth status") {
+		t.Errorf("berth help status: exit %d, %v, printed %q; want 0 and status's help", code, err, out)
+	}
+}
+
 // Given a malformed --nats URL, when any command runs, then it exits 2
 // (bad usage) saying what a NATS URL looks like, not "is nats-server
 // running?" as if a server were down.

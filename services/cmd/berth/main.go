@@ -127,8 +127,28 @@ func root() *cobra.Command {
 		hostActionCmd(&natsURL, "drain", "Take a host out of service: no new jobs, idle runners are stopped, running jobs finish (berth uncordon HOST undoes it)"),
 		hostsCmd(&natsURL), jobsCmd(&natsURL), releaseCmd(&natsURL), natsAuthCmd(), streamCmd(&natsURL))
 	cmd.AddCommand(vzGuestCmd(), vzImportTartCmd())
+	cmd.SetHelpCommand(helpCmd(cmd))
 	strictUsage(cmd)
 	return cmd
+}
+
+// helpCmd is cobra's `help [command]` except that an unknown topic is bad
+// usage (exit 2, with where the known ones are listed): cobra's own prints
+// the root's usage and exits 0, so a typo looked like success to scripts.
+func helpCmd(root *cobra.Command) *cobra.Command {
+	return &cobra.Command{
+		Use:   "help [command]",
+		Short: "Help about any command",
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(c *cobra.Command, args []string) error {
+			target, rest, err := root.Find(args)
+			if err != nil || len(rest) > 0 || target == nil {
+				return usageError{fmt.Errorf("unknown help topic %q; run `berth --help` to list the commands", strings.Join(args, " "))}
+			}
+			target.InitDefaultHelpFlag()
+			return target.Help()
+		},
+	}
 }
 
 // strictUsage makes every mistake in a command line a usage error (exit

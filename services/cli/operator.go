@@ -40,6 +40,9 @@ func HostAction(ctx context.Context, js jetstream.JetStream, action, host, reaso
 		sort.Strings(known)
 		return 0, fmt.Errorf("no host %q in the log; known hosts: %v", host, known)
 	}
+	if why := unchanged(f.Hosts[host], action, reason); why != "" {
+		return 0, Unchanged{Host: host, Why: why}
+	}
 	now := time.Now().UTC()
 	c := events.HostChange{Host: host, Reason: reason, By: Operator(), At: now}
 	var p events.Payload
@@ -56,6 +59,37 @@ func HostAction(ctx context.Context, js jetstream.JetStream, action, host, reaso
 	app := &eventlog.Appender{JS: js, Source: "berth/cli", Role: events.RoleCLI}
 	seq, _, err := app.Append(ctx, app.New(now, p), nil)
 	return seq, err
+}
+
+// Unchanged is HostAction's answer when the host already is what the
+// action asks: nothing is stored, and it is not a failure (exit 0).
+type Unchanged struct{ Host, Why string }
+
+func (u Unchanged) Error() string { return u.Host + " " + u.Why + "; nothing stored" }
+
+// unchanged says why action would change nothing on h, or "". A cordon
+// giving a new reason is a change: it updates the reason status shows.
+func unchanged(h *events.Host, action, reason string) string {
+	switch {
+	case action == "cordon" && h.Cordoned && (reason == "" || reason == h.CordonReason):
+		return "is already cordoned" + byWhom(h.CordonReason, h.CordonBy)
+	case action == "drain" && h.State == events.HostStateDraining:
+		return "is already draining"
+	case action == "uncordon" && !h.Cordoned && h.State != events.HostStateDraining:
+		return "is neither cordoned nor draining"
+	}
+	return ""
+}
+
+func byWhom(reason, by string) string {
+	s := ""
+	if reason != "" {
+		s += fmt.Sprintf(" (%q)", reason)
+	}
+	if by != "" {
+		s += " by " + by
+	}
+	return s
 }
 
 // PrintHosts lists hosts.

@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -58,9 +59,32 @@ func TestOperatorHostActionsAreFacts(t *testing.T) {
 	if h := host(); h.State != events.HostStateOnline || !h.Accepts() {
 		t.Fatalf("state %s (accepts %v) after uncordon of an operator's drain, want online", h.State, h.Accepts())
 	}
+	var same cli.Unchanged
+	if _, err := cli.HostAction(ctx, js, "uncordon", "mac-1", ""); !errors.As(err, &same) || !strings.Contains(err.Error(), "nothing stored") {
+		t.Fatalf("uncordon of an online host: %v; want Unchanged saying nothing is stored", err)
+	}
+	if _, err := cli.HostAction(ctx, js, "cordon", "mac-1", "a"); err != nil {
+		t.Fatal(err)
+	}
+	before := lastSeq(t, js)
+	if _, err := cli.HostAction(ctx, js, "cordon", "mac-1", "a"); !errors.As(err, &same) || !strings.Contains(err.Error(), "already cordoned") {
+		t.Fatalf("second cordon: %v; want Unchanged", err)
+	}
+	if after := lastSeq(t, js); after != before {
+		t.Fatalf("a no-op cordon stored a fact: last seq %d -> %d", before, after)
+	}
 	if _, err := cli.HostAction(ctx, js, "cordon", "nope", ""); err == nil || !strings.Contains(err.Error(), "mac-1") {
 		t.Fatalf("unknown host: %v", err)
 	}
+}
+
+func lastSeq(t *testing.T, js jetstream.JetStream) uint64 {
+	t.Helper()
+	s, err := js.Stream(context.Background(), events.StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.CachedInfo().State.LastSeq
 }
 
 // Given an attempt that holds a slot though its VM stopped (what a slot-leak

@@ -540,6 +540,11 @@ func hostActionCmd(natsURL *string, action, short string) *cobra.Command {
 			}
 			defer closeNC()
 			seq, err := cli.HostAction(cmd.Context(), js, action, args[0], reason)
+			var same cli.Unchanged
+			if errors.As(err, &same) {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s %s: %v; `berth hosts` shows it\n", action, args[0], err)
+				return nil
+			}
 			if err != nil {
 				return err
 			}

@@ -132,7 +132,7 @@ func PrintStatus(w io.Writer, st events.Status, asJSON bool, now time.Time) erro
 			if h.Bound != 0 {
 				bound = fmt.Sprint(h.Bound)
 			}
-			fmt.Fprintf(tw, "  held %s: attempt %s on %s, %s, booked for job %d, running job %s\n", p.Name, h.Attempt, h.Host, h.Stage, h.JobID, bound)
+			fmt.Fprintf(tw, "  held %s: attempt %s on %s, %s, %s, running job %s\n", p.Name, h.Attempt, h.Host, h.Stage, bookedFor(h.JobID), bound)
 		}
 	}
 	for _, h := range st.Hosts {
@@ -158,4 +158,13 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// bookedFor says whom a held slot was booked for: a job, or (job id 0) the
+// warm pool, whose VMs boot before any job names them.
+func bookedFor(job int64) string {
+	if job == 0 {
+		return "a warm VM (no job yet)"
+	}
+	return fmt.Sprintf("booked for job %d", job)
 }

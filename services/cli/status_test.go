@@ -3,6 +3,7 @@ package cli_test
 import (
 	"encoding/json"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,5 +40,23 @@ func TestStatusReportsAnAgentsClockSkew(t *testing.T) {
 	}
 	if s := *st.Hosts[0].ClockSkewSeconds; math.Abs(s+300) > 5 {
 		t.Errorf("clock skew %.1f s, want about -300", s)
+	}
+}
+
+// Given a pool whose held slots are a warm VM (booked with no job) and a
+// job's attempt, when status prints them, then the warm VM says so and no
+// line names a "job 0".
+func TestStatusNamesAWarmVMsSlotNotJobZero(t *testing.T) {
+	st := events.Status{Pools: []events.PoolStatus{{Name: "linux", HeldBy: []events.HeldSlot{
+		{Attempt: "warm-1", Host: "h1", Stage: "idle"},
+		{Attempt: "berth-7-1", Host: "h1", Stage: "running", JobID: 7, Bound: 7},
+	}}}}
+	var out strings.Builder
+	if err := cli.PrintStatus(&out, st, false, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	if strings.Contains(s, "job 0") || !strings.Contains(s, "warm-1 on h1, idle, a warm VM") || !strings.Contains(s, "booked for job 7") {
+		t.Fatalf("status printed:\n%s\nwant the warm VM's slot named as such, job 7's booked for it, and no job 0", s)
 	}
 }

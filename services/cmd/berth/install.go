@@ -108,8 +108,12 @@ func agentUninstallCmd() *cobra.Command {
 			if err != nil {
 				return usageError{err}
 			}
+			// Paths as they are on this machine: under --root in a preview.
 			for _, p := range res.Removed {
-				fmt.Fprintf(out, "removed %s\n", p)
+				fmt.Fprintf(out, "removed %s\n", filepath.Join(o.Root, p))
+			}
+			if len(res.Removed) == 0 {
+				fmt.Fprintf(out, "nothing to remove under %s: berth agent install wrote nothing there, or it was removed already\n", o.Root)
 			}
 			return commands(cmd.Context(), out, res.Commands, now, "then")
 		},

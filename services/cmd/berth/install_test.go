@@ -22,13 +22,16 @@ func TestAgentInstallPreviewAsItsHelpShows(t *testing.T) {
 		"    backend:\n      exec: {create: [/bin/true], stop: [/bin/true]}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	run := func() string {
+	run := func(verb ...string) string {
 		t.Helper()
+		if len(verb) == 0 {
+			verb = []string{"install", "--config-from", cfg}
+		}
 		cmd := root()
 		var out bytes.Buffer
 		cmd.SetOut(&out)
 		cmd.SetErr(&out)
-		cmd.SetArgs([]string{"agent", "install", "--root", preview, "--config-from", cfg, "--platform", "linux"})
+		cmd.SetArgs(append(append([]string{"agent"}, verb...), "--root", preview, "--platform", "linux"))
 		if err := cmd.Execute(); err != nil {
 			t.Fatalf("berth agent install --root %s: %v\n%s", preview, err, out.String())
 		}
@@ -52,5 +55,24 @@ func TestAgentInstallPreviewAsItsHelpShows(t *testing.T) {
 	second := run()
 	if strings.Contains(second, "wrote ") || strings.Count(second, "unchanged "+preview) != wrote {
 		t.Errorf("second preview printed:\n%s\nwant %d unchanged files and nothing written", second, wrote)
+	}
+	// Uninstall prints what it removed as it is on this machine, too.
+	gone := run("uninstall")
+	removed := 0
+	for _, line := range strings.Split(gone, "\n") {
+		if p, ok := strings.CutPrefix(line, "removed "); ok {
+			removed++
+			if !strings.HasPrefix(p, preview+"/") {
+				t.Errorf("uninstall: %q: the path is not under the preview root", line)
+			} else if _, err := os.Stat(p); !os.IsNotExist(err) {
+				t.Errorf("uninstall: %q: still there (%v)", line, err)
+			}
+		}
+	}
+	if removed < wrote {
+		t.Errorf("uninstall printed:\n%s\nwant at least the %d files install wrote removed", gone, wrote)
+	}
+	if again := run("uninstall"); !strings.Contains(again, "nothing to remove") {
+		t.Errorf("second uninstall printed:\n%s\nwant it to say there was nothing to remove", again)
 	}
 }

@@ -149,3 +149,29 @@ func TestEventsFiltersNamingTwoAggregatesAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// Given a log with no fact of job 8, when an operator follows its events,
+// then berth says on the note stream that it waits for the first (not a
+// silent terminal), and prints job 8's fact once one is stored.
+func TestFollowingAnAggregateTheLogLacksSaysItWaits(t *testing.T) {
+	ctx, js := newLog(t)
+	fctx, stop := context.WithCancel(ctx)
+	var out, note syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- cli.Tail(fctx, js, cli.Filter{Job: 8}, true, false, &out, &note) }()
+	testkit.Eventually(t, 5*time.Second, "a note that it waits", func() bool {
+		return strings.Contains(note.String(), "waiting for its first fact") && strings.Contains(note.String(), "job 8")
+	})
+	app := &eventlog.Appender{JS: js, Source: "test", Role: events.RoleDispatcher}
+	if _, _, err := app.Append(ctx, app.New(time.Now(), &events.JobQueued{JobRef: testkit.JobRef(8)}), nil); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 5*time.Second, "job 8's fact printed", func() bool { return strings.Contains(out.String(), "job.queued") })
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Tail after Ctrl-C: %v", err)
+	}
+	if strings.Count(note.String(), "waiting") != 1 {
+		t.Errorf("note printed %q; want the waiting note once", note.String())
+	}
+}

@@ -74,10 +74,12 @@ const followEvery = 250 * time.Millisecond
 // human form or as one CloudEvents JSON envelope per line. It reads with
 // batched direct gets (eventlog.Scan), so it needs no consumer and no right
 // to make one: the cli role holds none.
-func Tail(ctx context.Context, js jetstream.JetStream, f Filter, follow, asJSON bool, w io.Writer) error {
+// When following a named aggregate the log has no fact of yet, it says on
+// note that it waits (a silent terminal looked like a hang, or a typo).
+func Tail(ctx context.Context, js jetstream.JetStream, f Filter, follow, asJSON bool, w, note io.Writer) error {
 	filters := f.Subjects()
 	next := make([]uint64, len(filters))
-	for {
+	for first := true; ; first = false {
 		n, err := tailOnce(ctx, js, filters, next, asJSON, w)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -90,6 +92,11 @@ func Tail(ctx context.Context, js jetstream.JetStream, f Filter, follow, asJSON 
 				return f.nothing()
 			}
 			return nil
+		}
+		if first && n == 0 {
+			if err := f.nothing(); err != nil {
+				fmt.Fprintf(note, "berth events: %v\nwaiting for its first fact (Ctrl-C stops)\n", err)
+			}
 		}
 		select {
 		case <-ctx.Done():

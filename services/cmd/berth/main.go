@@ -400,7 +400,7 @@ func eventsCmd(natsURL *string) *cobra.Command {
 				return natsError{err}
 			}
 			defer closeNC()
-			return cli.Tail(cmd.Context(), js, f, follow, asJSON, cmd.OutOrStdout())
+			return cli.Tail(cmd.Context(), js, f, follow, asJSON, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "one CloudEvents JSON envelope per line")

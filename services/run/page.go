@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"os"
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/config"
@@ -37,10 +38,39 @@ func servePage(ctx context.Context, s *System, cfg *config.Config, read func(con
 	}
 	s.goRun("page", func() error { return p.Run(ctx) })
 	s.goRun("page http", func() error { return httpx.ServeOn(ctx, ln, p.Handler()) })
-	addr := ln.Addr().String()
+	addr, wide := browsable(ln.Addr().String())
 	s.PageAddr = addr
-	logger.Info("the operator's page is served", "addr", "http://"+addr+"/", "auth", pc.Token != "" || pc.TokenEnv != "" || pc.User != "")
+	auth := pc.Token != "" || pc.TokenEnv != "" || pc.User != ""
+	logger.Info("the operator's page is served", "addr", "http://"+addr+"/", "listen", pc.Listen, "auth", auth)
+	if wide && !auth {
+		logger.Warn("the operator's page listens beyond loopback with no auth: anyone who reaches this port reads the fleet; "+
+			"set dispatcher.page.token_env (or user and password_env), or listen on 127.0.0.1", "listen", pc.Listen)
+	}
 	return nil
+}
+
+// browsable turns a listener's address into one a browser opens: a
+// wildcard (0.0.0.0, ::) becomes this machine's name, and wide says the
+// page is reachable beyond loopback.
+func browsable(addr string) (string, bool) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr, false
+	}
+	ip := net.ParseIP(host)
+	switch {
+	case ip == nil:
+		return addr, host != "localhost"
+	case ip.IsLoopback():
+		return addr, false
+	case ip.IsUnspecified():
+		name, err := os.Hostname()
+		if err != nil || name == "" {
+			name = "127.0.0.1"
+		}
+		return net.JoinHostPort(name, port), true
+	}
+	return addr, true
 }
 
 // streamOf is the stream's health and drift for the page, from the

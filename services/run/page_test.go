@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 
@@ -57,5 +58,29 @@ func TestAPageAddressTakenCostsThePageNotTheDispatcher(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `data-host="host-a"`) {
 		t.Errorf("GET / = %d:\n%s", resp.StatusCode, b)
+	}
+}
+
+// Given the page's listeners, when their address is printed, then a
+// wildcard becomes this machine's name (a browser cannot open 0.0.0.0 or
+// [::]) and is reported as reachable beyond loopback; loopback stays as is.
+func TestThePagePrintsAnAddressABrowserOpens(t *testing.T) {
+	name, err := os.Hostname()
+	if err != nil {
+		t.Skip("no host name:", err)
+	}
+	for in, want := range map[string]struct {
+		addr string
+		wide bool
+	}{
+		"127.0.0.1:8090": {"127.0.0.1:8090", false},
+		"[::1]:8090":     {"[::1]:8090", false},
+		"0.0.0.0:8090":   {net.JoinHostPort(name, "8090"), true},
+		"[::]:8090":      {net.JoinHostPort(name, "8090"), true},
+		"10.1.2.3:8090":  {"10.1.2.3:8090", true},
+	} {
+		if addr, wide := browsable(in); addr != want.addr || wide != want.wide {
+			t.Errorf("browsable(%s) = %s, %v; want %s, %v", in, addr, wide, want.addr, want.wide)
+		}
 	}
 }

@@ -169,8 +169,9 @@ func factOf(e events.Event) Fact {
 	// berth.evt.attempt.<host>.<attempt>.<author>, berth.evt.job.<id>
 	parts := strings.Split(strings.TrimPrefix(e.Subject, events.SubjectPrefix+"."), ".")
 	if len(parts) == 4 && parts[0] == "attempt" {
-		f.Host, f.Attempt, f.Author = parts[1], parts[2], parts[3]
+		f.Host, f.Attempt = parts[1], parts[2]
 	}
+	f.Author = string(events.AuthorOf(e.Subject))
 	b, err := json.Marshal(e.Data)
 	if err != nil {
 		return f
@@ -180,6 +181,13 @@ func factOf(e events.Event) Fact {
 	dec.UseNumber() // ids stay ids, not 1.2e+06
 	if dec.Decode(&m) != nil {
 		return f
+	}
+	// A slot fact stands on its pool's subject; its payload names the
+	// attempt and host (the ledger's author, the dispatcher, confirmed
+	// them when it booked).
+	if f.Attempt == "" {
+		f.Attempt, _ = m["attempt"].(string)
+		f.Host, _ = m["host"].(string)
 	}
 	var d []string
 	for _, k := range detailKeys {

@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -120,9 +121,47 @@ func secondInterruptExits(dataDir string) {
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	go func() {
 		<-sigs
-		fmt.Fprintf(os.Stderr, "\ninterrupted again: exiting now without waiting; left behind: %s (remove it) and any runner processes still running\n", dataDir)
+		// Agents go on starting runners until the exit: kill until a
+		// round finds none left (a few rounds at most).
+		n := 0
+		for round := 0; round < 5; round++ {
+			k := killRunners(dataDir)
+			if k == 0 {
+				break
+			}
+			n += k
+		}
+		fmt.Fprintf(os.Stderr, "\ninterrupted again: exiting now without waiting; killed %d runner process(es); left behind: %s (remove it: rm -rf %s)\n",
+			n, dataDir, dataDir)
 		os.Exit(130)
 	}()
+}
+
+// killRunners SIGKILLs every process running a binary under dataDir (the
+// simulated runners the agents started, each in its own process group,
+// which goes with it), so exiting at once leaves no runner behind. It
+// reads /proc: elsewhere it kills nothing and returns 0.
+func killRunners(dataDir string) int {
+	procs, _ := os.ReadDir("/proc")
+	own := syscall.Getpgrp()
+	n := 0
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		exe, err := os.Readlink(filepath.Join("/proc", p.Name(), "exe"))
+		if err != nil || !strings.HasPrefix(exe, dataDir+string(filepath.Separator)) {
+			continue
+		}
+		if pg, err := syscall.Getpgid(pid); err == nil && pg != own {
+			_ = syscall.Kill(-pg, syscall.SIGKILL)
+		}
+		if syscall.Kill(pid, syscall.SIGKILL) == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // stopShowingProgress stops the fleet, saying every 2 s what it still

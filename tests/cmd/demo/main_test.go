@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/berth-ci/berth/services/testkit"
 )
 
 // TestMain runs the demo itself when asked (BERTH_DEMO_MAIN=1), so the
@@ -200,6 +202,27 @@ func TestASecondCtrlCExitsAtOnce(t *testing.T) {
 	if code != 130 || !strings.Contains(d.output(), "interrupted again: exiting now") {
 		t.Errorf("exit %d, want 130 with word of what is left:\n%s", code, d.output())
 	}
+	// No simulated runner outlives it: each ran a binary under the data
+	// directory it names.
+	m := regexp.MustCompile(`left behind: (\S+) `).FindStringSubmatch(d.output())
+	if m == nil {
+		t.Fatalf("no data directory named:\n%s", d.output())
+	}
+	// A SIGKILLed process leaves /proc within moments, not at once.
+	testkit.Eventually(t, 2*time.Second, "no runner process left after the second Ctrl-C", func() bool { return len(running(m[1])) == 0 })
+}
+
+// running lists the live processes whose binary is under dir.
+func running(dir string) []string {
+	procs, _ := os.ReadDir("/proc")
+	var out []string
+	for _, p := range procs {
+		exe, err := os.Readlink("/proc/" + p.Name() + "/exe")
+		if err == nil && strings.HasPrefix(exe, dir+"/") {
+			out = append(out, p.Name()+" "+exe)
+		}
+	}
+	return out
 }
 
 // Given a busy demo whose -timeout ends before its jobs do, then it gives

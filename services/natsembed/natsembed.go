@@ -39,6 +39,8 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 	}
 	if port == 0 {
 		port = server.RANDOM_PORT
+	} else if err := free(cfg.Listen, portStr); err != nil {
+		return nil, err
 	}
 	opts := &server.Options{
 		ServerName: "berth-dev",
@@ -60,4 +62,16 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 		return nil, fmt.Errorf("embedded nats on %s not ready after 10s: is the port in use? pick another with --nats-listen", cfg.Listen)
 	}
 	return s, nil
+}
+
+// free says at once when addr is taken (another nats-server, or a demo
+// still running): nats-server itself would only fail to get ready, after
+// ReadyForConnections' 10 s, without saying why.
+func free(addr, port string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("embedded nats cannot listen on %s: %w; stop what holds it (ss -ltnp | grep :%s) or pick another address with --nats-listen (127.0.0.1:0 takes any free port)",
+			addr, err, port)
+	}
+	return ln.Close()
 }

@@ -17,6 +17,11 @@ const (
 	// AlarmGitHubRefused: GitHub refused the App's own credentials; calls
 	// pause and jobs wait as demand until it answers again.
 	AlarmGitHubRefused = "github_refused"
+	// AlarmHostOverclaim: a host announced more than the admin granted it
+	// (HostGranted): more pools, other labels, more slots or a larger
+	// cap. It is offered only what both say; the message gives the
+	// admin's command (OverclaimCommand).
+	AlarmHostOverclaim = "host_overclaim"
 )
 
 // AlarmRaised: the watchdog saw something an operator must look at. Key is
@@ -31,7 +36,7 @@ func AlarmCulprit(kind string) string {
 	switch kind {
 	case AlarmSlotLeak:
 		return CulpritBerth
-	case AlarmHostDegraded:
+	case AlarmHostDegraded, AlarmHostOverclaim:
 		return CulpritHost
 	case AlarmGitHubRefused:
 		return CulpritGitHub

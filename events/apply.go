@@ -158,18 +158,30 @@ func (f *Fleet) Apply(e Event) {
 		h := f.host(d.Host)
 		if s := stampOf(e); s.after(h.online) {
 			h.online, h.OnlineAt = s, e.Time
-			h.Boot, h.PhysicalCap, h.CurveKey, h.Backend, h.Assign = d.Boot, d.PhysicalCap, d.CurveKey, d.Backend, d.Assign
-			h.Pools = map[string]PoolSlots{}
+			h.Boot, h.ClaimCap, h.CurveKey, h.Backend, h.Assign = d.Boot, d.PhysicalCap, d.CurveKey, d.Backend, d.Assign
+			h.Claim = map[string]PoolSlots{}
 			for name, ps := range d.Pools {
-				h.Pools[name] = PoolSlots{Labels: NormalizeLabels(ps.Labels), Slots: ps.Slots, Shape: ps.Shape.clone()}
+				h.Claim[name] = PoolSlots{Labels: NormalizeLabels(ps.Labels), Slots: ps.Slots, Shape: ps.Shape.clone()}
 			}
 			h.Resources = Resources{}
 			if d.Resources != nil {
 				h.Resources = *d.Resources
 			}
-			f.poolsChanged()
+			f.offer(h)
 		}
 		f.hostState(h, e, HostStateOnline)
+	case *HostGranted:
+		// The admin's word on what the host may offer (grant.go): the
+		// newest grant stored wins, a revoke (no pools) included.
+		h := f.host(d.Host)
+		if s := stampOf(e); s.after(h.grant) {
+			g := GrantFor(d.Host, nil, d.PhysicalCap, d.By, d.At)
+			for name, p := range d.Pools {
+				g.Pools[name] = PoolGrant{Labels: NormalizeLabels(p.Labels), Slots: p.Slots}
+			}
+			h.grant, h.Grant = s, &g
+			f.offer(h)
+		}
 	case *HostDraining:
 		h := f.host(d.Host)
 		if f.hostState(h, e, HostStateDraining) {

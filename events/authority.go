@@ -24,7 +24,7 @@ const (
 )
 
 // Roles lists every role.
-var Roles = []Role{RoleDispatcher, RoleWatchdog, RoleAgent, RoleCLI}
+var Roles = []Role{RoleDispatcher, RoleWatchdog, RoleAgent, RoleCLI, RoleAdmin}
 
 // authors names, per fact type, the roles that may write it. One place, so
 // the catalogue says who speaks for each fact; a test holds every type to
@@ -63,6 +63,7 @@ var authors = map[string][]Role{
 	TypeHostUncordoned: {RoleWatchdog, RoleCLI},
 	TypeHostDegraded:   {RoleWatchdog},
 	TypeHostRecovered:  {RoleWatchdog},
+	TypeHostGranted:    {RoleAdmin}, // `berth trust host`, `berth stream apply --grant-agents`
 
 	TypeDemandWaiting: {RoleWatchdog},
 	TypeAlarmRaised:   {RoleWatchdog},

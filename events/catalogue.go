@@ -36,6 +36,7 @@ const (
 	TypeHostUncordoned = "berth.host.uncordoned.v1"
 	TypeHostDegraded   = "berth.host.degraded.v1"
 	TypeHostRecovered  = "berth.host.recovered.v1"
+	TypeHostGranted    = "berth.host.granted.v1"
 
 	TypeDemandWaiting = "berth.demand.waiting.v1"
 	TypeAlarmRaised   = "berth.alarm.raised.v1"
@@ -77,6 +78,7 @@ var catalogue = map[string]func() Payload{
 	TypeHostUncordoned: func() Payload { return &HostUncordoned{} },
 	TypeHostDegraded:   func() Payload { return &HostDegraded{} },
 	TypeHostRecovered:  func() Payload { return &HostRecovered{} },
+	TypeHostGranted:    func() Payload { return &HostGranted{} },
 
 	TypeDemandWaiting: func() Payload { return &DemandWaiting{} },
 	TypeAlarmRaised:   func() Payload { return &AlarmRaised{} },

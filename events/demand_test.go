@@ -74,7 +74,10 @@ func TestPropertyDecisionIndexesEqualAFullScan(t *testing.T) {
 						pools[name] = events.PoolSlots{Labels: labelSets[rapid.IntRange(0, 3).Draw(t, name+" labels")], Slots: rapid.IntRange(0, 2).Draw(t, "slots")}
 					}
 				}
-				add(sec, &events.HostOnline{Host: host, Boot: fmt.Sprintf("boot-%d", seq), PhysicalCap: rapid.IntRange(0, 3).Draw(t, "physical"), CurveKey: "X" + host, Backend: "exec", Pools: pools})
+				o := events.HostOnline{Host: host, Boot: fmt.Sprintf("boot-%d", seq), PhysicalCap: rapid.IntRange(0, 3).Draw(t, "physical"), CurveKey: "X" + host, Backend: "exec", Pools: pools}
+				g := events.GrantClaim(o)
+				add(sec, &o)
+				add(sec, &g)
 			case 8:
 				f.Compact(t0.Add(time.Duration(sec)*time.Second), time.Duration(rapid.IntRange(0, 60).Draw(t, "retention s"))*time.Second)
 			}

@@ -72,6 +72,8 @@ func samples() map[string]events.Payload {
 		events.TypeHostUncordoned: &events.HostUncordoned{HostChange: hostChange()},
 		events.TypeHostDegraded:   &events.HostDegraded{HostChange: hostChange(), Culprit: events.CulpritHost, Failures: 3},
 		events.TypeHostRecovered:  &events.HostRecovered{HostChange: hostChange()},
+		events.TypeHostGranted: &events.HostGranted{Host: "mac-1", By: "ops", At: at, PhysicalCap: 2,
+			Pools: map[string]events.PoolGrant{"macos": {Labels: []string{"macos", "self-hosted"}, Slots: 2}}},
 		events.TypeDemandWaiting: &events.DemandWaiting{Pool: "macos", Jobs: 3, OldestJobID: 40,
 			Waited: 31 * time.Second, Reason: "no free slot", At: at},
 		events.TypeAlarmRaised: &events.AlarmRaised{Key: "slot_leak/macos/berth-42-1", Kind: events.AlarmSlotLeak,

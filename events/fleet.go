@@ -78,10 +78,18 @@ const (
 
 // Host is the fold of one host's facts plus the attempts placed on it.
 type Host struct {
-	Name        string
-	Boot        string
+	Name string
+	Boot string
+	// Pools and PhysicalCap are what the fold offers the host: its claim
+	// (Claim, ClaimCap: its newest HostOnline) within its grant (Grant:
+	// the admin's newest HostGranted), Offer. Overclaim says how the
+	// claim exceeds the grant; a host without a grant is offered nothing.
 	Pools       map[string]PoolSlots
 	PhysicalCap int
+	Claim       map[string]PoolSlots `json:",omitempty"`
+	ClaimCap    int                  `json:",omitempty"`
+	Grant       *HostGranted         `json:",omitempty"`
+	Overclaim   []string             `json:",omitempty"`
 	CurveKey    string
 	Backend     string
 	State       HostState
@@ -109,7 +117,7 @@ type Host struct {
 	// (image.go), by image name (ImageOf); nil until one reports.
 	Images map[string]*ImageHealth
 
-	online, state, cordon stamp
+	online, state, cordon, grant stamp
 }
 
 // Accepts reports whether new placements may go to the host.

@@ -34,11 +34,13 @@ func benchHosts(n int, slots int) []events.Payload {
 	var out []events.Payload
 	for i := 0; i < n; i++ {
 		h := "host-" + strconv.Itoa(i)
-		out = append(out, &events.HostOnline{Host: h, Boot: "boot-1", PhysicalCap: 2 * slots, CurveKey: "X" + h, Backend: "bench",
+		o := events.HostOnline{Host: h, Boot: "boot-1", PhysicalCap: 2 * slots, CurveKey: "X" + h, Backend: "bench",
 			Pools: map[string]events.PoolSlots{
 				"linux": {Labels: benchPools["linux"], Slots: slots},
 				"macos": {Labels: benchPools["macos"], Slots: slots},
-			}})
+			}}
+		g := events.GrantClaim(o)
+		out = append(out, &o, &g)
 	}
 	return out
 }

@@ -33,7 +33,7 @@ func TestHappyPathCountsEveryStep(t *testing.T) {
 	f := events.NewFleet()
 	var s script
 	for _, st := range steps {
-		f.Apply(s.add(st.fact))
+		apply(f, s.add(st.fact))
 		got := counters{}
 		if p := f.Pools[pool]; p != nil {
 			got.poolHeld = p.Held

@@ -19,13 +19,47 @@ func ev(seq uint64, sec int, p events.Payload) events.Event {
 	return e
 }
 
-// given folds a history in the order given.
+// given folds a history in the order given, each host granted what it
+// announces, as an operator grants the hosts it runs (grantFor).
 func given(evs ...events.Event) *events.Fleet {
+	f := events.NewFleet()
+	for _, e := range evs {
+		apply(f, e)
+	}
+	return f
+}
+
+// ungranted folds a history as given: no host is granted unless a
+// HostGranted in it says so.
+func ungranted(evs ...events.Event) *events.Fleet {
 	f := events.NewFleet()
 	for _, e := range evs {
 		f.Apply(e)
 	}
 	return f
+}
+
+// apply folds e into f, and the operator's grant of what it claims if it
+// is a HostOnline (grantFor).
+func apply(f *events.Fleet, e events.Event) {
+	f.Apply(e)
+	if g, ok := grantFor(e); ok {
+		f.Apply(g)
+	}
+}
+
+// grantFor is the admin's grant of exactly what a HostOnline fact claims,
+// stored beside it (the same sequence: a grant has its own stamp); ok is
+// false for any other fact.
+func grantFor(e events.Event) (events.Event, bool) {
+	o, ok := e.Data.(*events.HostOnline)
+	if !ok {
+		return events.Event{}, false
+	}
+	gr := events.GrantClaim(*o)
+	g := events.NewBy("admin", events.RoleAdmin, e.Time, &gr)
+	g.Seq = e.Seq
+	return g, true
 }
 
 // script numbers facts in the order they are written: seq n at t0 + n seconds.

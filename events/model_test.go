@@ -279,7 +279,10 @@ func genHistory(t *rapid.T) []events.Event {
 			}
 		}
 		m.hosts = append(m.hosts, h)
-		m.next(h.online())
+		o := h.online()
+		m.next(o)
+		g := events.GrantClaim(*o) // the operator grants what it runs
+		m.emit(&g)
 	}
 	for i, n := 0, rapid.IntRange(1, 30).Draw(t, "jobs"); i < n; i++ {
 		pool := rapid.SampledFrom([]string{"linux", "macos"}).Draw(t, "pool")

@@ -14,7 +14,8 @@ import (
 // 2: hosts count their booked VMs per pool (Host.BookedIn, machine
 // shapes), and settled jobs and attempts are kept as packed ids, which a
 // version 1 snapshot lacks.
-const SnapshotVersion = 2
+// 3: hosts keep their claim and their grant apart (HostGranted).
+const SnapshotVersion = 3
 
 // Snapshot shapes: the fold's state, unexported fields included, with every
 // collection sorted so equal folds give equal bytes.
@@ -33,6 +34,7 @@ type (
 		Online snapStamp `json:"online_stamp"`
 		State  snapStamp `json:"state_stamp"`
 		Cordon snapStamp `json:"cordon_stamp"`
+		Grant  snapStamp `json:"grant_stamp"`
 	}
 	snapAlarm struct {
 		*Alarm
@@ -101,7 +103,7 @@ func MarshalSnapshot(f *Fleet) ([]byte, error) {
 	}
 	sort.Slice(s.Attempts, func(a, b int) bool { return s.Attempts[a].ID < s.Attempts[b].ID })
 	for _, h := range f.Hosts {
-		s.Hosts = append(s.Hosts, snapHost{Host: h, Online: toSnap(h.online), State: toSnap(h.state), Cordon: toSnap(h.cordon)})
+		s.Hosts = append(s.Hosts, snapHost{Host: h, Online: toSnap(h.online), State: toSnap(h.state), Cordon: toSnap(h.cordon), Grant: toSnap(h.grant)})
 	}
 	sort.Slice(s.Hosts, func(a, b int) bool { return s.Hosts[a].Name < s.Hosts[b].Name })
 	for _, p := range f.Pools {
@@ -159,7 +161,7 @@ func UnmarshalSnapshot(b []byte) (*Fleet, error) {
 	}
 	for _, sh := range s.Hosts {
 		h := sh.Host
-		h.online, h.state, h.cordon = fromSnap(sh.Online), fromSnap(sh.State), fromSnap(sh.Cordon)
+		h.online, h.state, h.cordon, h.grant = fromSnap(sh.Online), fromSnap(sh.State), fromSnap(sh.Cordon), fromSnap(sh.Grant)
 		if h.Pools == nil {
 			h.Pools = map[string]PoolSlots{}
 		}

@@ -97,6 +97,10 @@ type HostStatus struct {
 	Degraded        bool   `json:"degraded,omitempty"`
 	DegradedCulprit string `json:"degraded_culprit,omitempty"`
 	DegradedReason  string `json:"degraded_reason,omitempty"`
+	// Ungranted: no admin granted the host (HostGranted), so it is offered
+	// nothing; Overclaim: how its announcement exceeds its grant (Offer).
+	Ungranted bool     `json:"ungranted,omitempty"`
+	Overclaim []string `json:"overclaim,omitempty"`
 }
 
 // JobCounts counts jobs the projection still holds, by status.
@@ -251,7 +255,11 @@ func (b *statusBuilder) addHosts() {
 		hs := HostStatus{Name: h.Name, State: h.State, Cordoned: h.Cordoned, CordonReason: h.CordonReason, CordonBy: h.CordonBy,
 			PhysicalCap: h.PhysicalCap, LiveVMs: h.LiveVMs, AbandonedVMs: h.AbandonedVMs,
 			Slots: map[string]int{}, Held: map[string]int{},
-			Degraded: h.Health.Degraded, DegradedCulprit: h.Health.Culprit, DegradedReason: h.Health.Reason}
+			Degraded: h.Health.Degraded, DegradedCulprit: h.Health.Culprit, DegradedReason: h.Health.Reason,
+			Ungranted: h.Grant == nil, Overclaim: h.Overclaim}
+		if h.State == "" {
+			continue // granted, never announced: nothing to show yet
+		}
 		for name, ps := range h.Pools {
 			hs.Slots[name] = ps.Slots
 			hs.Held[name] = h.Held[name]

@@ -139,6 +139,10 @@ func PrintStatus(w io.Writer, st events.Status, asJSON bool, now time.Time) erro
 		if h.Degraded {
 			fmt.Fprintf(tw, "DEGRADED %s (%s): %s\n", h.Name, h.DegradedCulprit, h.DegradedReason)
 		}
+		if len(h.Overclaim) > 0 {
+			fmt.Fprintf(tw, "OVERCLAIM %s: offered only its grant (%s); grant it if right: %s (docs/runbooks.md#host-overclaim)\n",
+				h.Name, strings.Join(h.Overclaim, "; "), events.OverclaimCommand(h.Name))
+		}
 	}
 	if g := st.GitHub; g.Refused && g.Since != nil {
 		fmt.Fprintf(tw, "GITHUB refused the App's credentials since %s: calls pause, jobs wait as demand (docs/runbooks.md#github-refused)\n",

@@ -60,3 +60,32 @@ func TestStatusNamesAWarmVMsSlotNotJobZero(t *testing.T) {
 		t.Fatalf("status printed:\n%s\nwant the warm VM's slot named as such, job 7's booked for it, and no job 0", s)
 	}
 }
+
+// Given a host that announces a pool its grant does not name, when an
+// operator asks `berth status`, then the host is listed without that pool
+// and an OVERCLAIM line gives the admin's command.
+func TestStatusShowsAHostsOverclaimWithTheCommand(t *testing.T) {
+	ctx, js := newLog(t)
+	app := &eventlog.Appender{JS: js, Source: "test"}
+	at := time.Now().UTC()
+	online := events.HostOnline{Host: "mac-1", Boot: "b", PhysicalCap: 2, At: at, Pools: map[string]events.PoolSlots{
+		"macos": {Labels: []string{"macos"}, Slots: 1}, "private": {Labels: []string{"private"}, Slots: 1}}}
+	grant := events.HostGranted{Host: "mac-1", At: at, Pools: map[string]events.PoolGrant{"macos": {Labels: []string{"macos"}, Slots: 1}}}
+	for _, p := range []events.Payload{online, grant} {
+		if _, _, err := app.Append(ctx, app.New(at, p), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := cli.FleetStatus(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := cli.PrintStatus(&out, st, false, at); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Hosts) != 1 || st.Hosts[0].Slots["private"] != 0 || st.Hosts[0].Slots["macos"] != 1 ||
+		!strings.Contains(out.String(), "OVERCLAIM mac-1") || !strings.Contains(out.String(), "trust host mac-1") {
+		t.Fatalf("hosts %+v, printed:\n%s\nwant mac-1 offered macos only and an OVERCLAIM line with `berth trust host mac-1`", st.Hosts, out.String())
+	}
+}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/dispatch"
+	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/testkit"
 )
 
 var t0 = time.Date(2025, 3, 1, 9, 0, 0, 0, time.UTC)
@@ -29,7 +31,7 @@ func (l *log) add(ps ...events.Payload) *log {
 		l.n++
 		e := events.New("test", t0.Add(time.Duration(l.n)*time.Second), p)
 		e.Seq = l.n
-		l.f.Apply(e)
+		testkit.ApplyGranted(l.f, e)
 	}
 	return l
 }
@@ -469,5 +471,14 @@ func TestBookingsWaitingForAJITConfigAreCapped(t *testing.T) {
 	// And without a cap every free slot is booked at once.
 	if plan := dispatch.Decide(l.f, params); len(plan.Reserve) != 12 {
 		t.Fatalf("uncapped: %d booked, want the 12 waiting jobs", len(plan.Reserve))
+	}
+}
+
+// deliver feeds e to d as its loop would, and the operator's grant of what
+// it claims if it is a HostOnline (testkit.GrantOf).
+func deliver(d *dispatch.Dispatcher, e events.Event) {
+	d.Apply(eventlog.Delivered{Event: e})
+	if g, ok := testkit.GrantOf(e); ok {
+		d.Apply(eventlog.Delivered{Event: g})
 	}
 }

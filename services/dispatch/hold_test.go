@@ -50,7 +50,7 @@ func TestWhileRateLimitedTheDispatcherBooksAndCallsNothing(t *testing.T) {
 			seq++
 			e := events.New("test", time.Now(), p)
 			e.Seq = seq
-			d.Apply(eventlog.Delivered{Event: e})
+			deliver(d, e)
 		}
 	}
 	surplus := events.AttemptRef{Attempt: events.AttemptID(9, 1), Pool: "linux", Host: "h-a"}

@@ -45,7 +45,7 @@ func TestQueueAndRunnerOnlineLatenciesPerPool(t *testing.T) {
 			seq++
 			e := events.New("test", t0.Add(offset), p)
 			e.Seq = seq
-			d.Apply(eventlog.Delivered{Event: e})
+			deliver(d, e)
 		}
 	}
 	run := func(job int64, offset time.Duration) {

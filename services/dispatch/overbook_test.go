@@ -36,7 +36,7 @@ func TestADispatcherNeverBooksOnAFoldThatMissesItsOwnBooking(t *testing.T) {
 			seq++
 			e := events.New("test", time.Now(), p)
 			e.Seq = seq
-			d.Apply(eventlog.Delivered{Event: e})
+			deliver(d, e)
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -60,7 +60,7 @@ func TestADispatcherNeverBooksOnAFoldThatMissesItsOwnBooking(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d.Apply(eventlog.Delivered{Event: folded})
+		deliver(d, folded)
 	}
 	apply(host("h-a", 1, 1), queued(1))
 	d.Decide(ctx) // books the one slot for job 1
@@ -108,7 +108,7 @@ func TestTheDispatcherMintsForItsBookingInTheSameRound(t *testing.T) {
 	for i, p := range []events.Payload{host("h-a", 1, 1), queued(1)} {
 		e := events.New("test", time.Now(), p)
 		e.Seq = uint64(i + 1)
-		d.Apply(eventlog.Delivered{Event: e})
+		deliver(d, e)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -169,7 +169,7 @@ func TestJITConfigCallsInFlightAreBounded(t *testing.T) {
 	for i, p := range ps {
 		e := events.New("test", time.Now(), p)
 		e.Seq = uint64(i + 1)
-		d.Apply(eventlog.Delivered{Event: e})
+		deliver(d, e)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -221,7 +221,7 @@ func TestAMintWhosePlacementWaitsIsNeverMintedTwice(t *testing.T) {
 	for i, p := range []events.Payload{h, queued(1)} {
 		e := events.New("test", t0, p)
 		e.Seq = uint64(i + 1)
-		d.Apply(eventlog.Delivered{Event: e})
+		deliver(d, e)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -40,7 +40,7 @@ func TestBookingGoesOnAfterThePoolLedgersFactsExpired(t *testing.T) {
 			t.Fatalf("append %s: %v", ev.ID, err)
 		}
 		ev.Seq = seq
-		d.Apply(eventlog.Delivered{Event: ev})
+		deliver(d, ev)
 		return seq
 	}
 	empty := uint64(0)

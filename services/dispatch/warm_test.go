@@ -7,6 +7,7 @@ import (
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/dispatch"
+	"github.com/berth-ci/berth/services/testkit"
 )
 
 // warmWorld runs Decide against a fold, acting as the dispatcher's act
@@ -35,7 +36,7 @@ func (w *warmWorld) add(ps ...events.Payload) *warmWorld {
 		w.n++
 		e := events.New("test", w.now.Add(time.Duration(w.n)*time.Millisecond), p)
 		e.Seq = w.n
-		w.f.Apply(e)
+		testkit.ApplyGranted(w.f, e)
 	}
 	return w
 }

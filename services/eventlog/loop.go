@@ -71,6 +71,7 @@ type Loop struct {
 	truncated   atomic.Pointer[string]
 	parked      atomic.Uint64
 	refused     atomic.Uint64
+	overclaims  atomic.Uint64
 	parking     atomic.Int32 // parking records being stored
 	mismatched  atomic.Uint64
 	inbox       chan func()
@@ -459,6 +460,9 @@ type LoopStats struct {
 	// Refused counts facts the shell refused: their subject does not
 	// confirm their payload or their author (events.ErrForged).
 	Refused uint64
+	// Overclaims counts host announcements that claimed more than the
+	// host's grant (events.Offer): folded within the grant, and parked.
+	Overclaims uint64
 	// Mismatched counts duplicate answers whose stored fact, read back,
 	// was not the shell's own (DupTaken): each was appended under a fresh
 	// id (Shell, issue 17).
@@ -467,7 +471,7 @@ type LoopStats struct {
 
 // Stats reads the loop's counters; safe from any goroutine once Run started.
 func (l *Loop) Stats() LoopStats {
-	s := LoopStats{Panics: l.panics.Load(), Parked: l.parked.Load(), Refused: l.refused.Load(), Mismatched: l.mismatched.Load()}
+	s := LoopStats{Panics: l.panics.Load(), Parked: l.parked.Load(), Refused: l.refused.Load(), Overclaims: l.overclaims.Load(), Mismatched: l.mismatched.Load()}
 	if f := l.follower.Load(); f != nil {
 		s.FollowerStats = f.Stats()
 	}

@@ -62,6 +62,22 @@ func (l *Loop) Refuse(d Delivered, cause error) {
 	}
 }
 
+// Overclaim records a host announcement that claims more than the host's
+// grant (events.Offer): the fold offers the host only what both say; the
+// announcement is counted and parked with how it over-claims, so the admin
+// sees it (a host_overclaim alarm names the command to run). The record is
+// stored off the loop, like every parking record.
+func (l *Loop) Overclaim(d Delivered, cause error) {
+	l.overclaims.Add(1)
+	p := Parked{Reader: l.reader(), Seq: d.Event.Seq, Subject: d.Event.Subject, ID: d.Event.ID,
+		Type: d.Event.Type(), Deliveries: d.Deliveries, Error: cause.Error(), At: time.Now().UTC()}
+	slog.Warn("host announcement claims more than its grant: offered only what the grant allows; grant it if the claim is right",
+		"reader", p.Reader, "seq", p.Seq, "subject", p.Subject, "err", cause)
+	if l.JS != nil {
+		l.storeParkAsync(p)
+	}
+}
+
 // maxParking bounds the parking records being stored at once: refused
 // facts are an attacker's to multiply, and each store is a goroutine.
 const maxParking = 32

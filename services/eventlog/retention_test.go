@@ -81,9 +81,17 @@ func (h *history) add(p events.Payload) uint64 {
 }
 
 // host brings a host online: a fact written once, which expires first.
-func (h *history) host(name string) {
-	h.add(events.HostOnline{Host: name, Boot: "b1", Pools: map[string]events.PoolSlots{"linux": {Labels: []string{"linux", "self-hosted"}, Slots: 4}},
-		PhysicalCap: 4, CurveKey: "XKEY", Backend: "exec", At: time.Now().UTC()})
+func (h *history) host(name string) events.HostOnline {
+	online := events.HostOnline{Host: name, Boot: "b1", Pools: map[string]events.PoolSlots{"linux": {Labels: []string{"linux", "self-hosted"}, Slots: 4}},
+		PhysicalCap: 4, CurveKey: "XKEY", Backend: "exec", At: time.Now().UTC()}
+	h.add(online)
+	return online
+}
+
+// granted brings a host online with the admin's grant of what it claims,
+// both written once, first to expire.
+func (h *history) granted(name string) {
+	h.add(events.GrantClaim(h.host(name)))
 }
 
 // job writes a job's booking facts; done jobs are completed and released,
@@ -249,7 +257,7 @@ func TestRestartAfterOldFactsExpiredComesBackThroughTheSnapshot(t *testing.T) {
 	// overruns the stream's cap, and a fold that starts late would only
 	// ever see the newest 25 facts.
 	testkit.Eventually(t, waitLimit, "first service caught up with the empty log", first.loop.CaughtUp)
-	h.host("host-a")
+	h.granted("host-a")
 	for i := range 14 {
 		h.job("host-a", i%3 != 0)
 	}

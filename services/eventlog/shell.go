@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/berth-ci/berth/events"
@@ -61,6 +62,7 @@ type Shell struct {
 	Refused func(events.Event, error)
 
 	refused    uint64
+	overclaims uint64
 	mismatched uint64
 
 	inflight map[string]time.Time // step key → when appended or called
@@ -133,6 +135,7 @@ func (s *Shell) Apply(d Delivered) {
 		s.BeforeFold(d.Event)
 	}
 	s.Fold.Apply(d.Event)
+	s.checkClaim(d)
 	key, ok := s.keyOf[d.Event.ID]
 	if !ok {
 		key = d.Event.ID
@@ -140,6 +143,28 @@ func (s *Shell) Apply(d Delivered) {
 	delete(s.keyOf, d.Event.ID)
 	delete(s.inflight, key)
 }
+
+// checkClaim counts and parks a host announcement the fold holds beyond
+// the host's grant (events.Offer): folded, but offered only within it.
+func (s *Shell) checkClaim(d Delivered) {
+	o, ok := d.Event.Data.(*events.HostOnline)
+	if !ok {
+		return
+	}
+	h := s.Fold.Hosts[o.Host]
+	if h == nil || len(h.Overclaim) == 0 {
+		return
+	}
+	s.overclaims++
+	if s.Loop != nil {
+		s.Loop.Overclaim(d, fmt.Errorf("host %s claims more than its grant: %s; grant it if it is right: %s",
+			o.Host, strings.Join(h.Overclaim, "; "), events.OverclaimCommand(o.Host)))
+	}
+}
+
+// OverclaimTotal counts the host announcements beyond their grant this
+// shell folded since it started.
+func (s *Shell) OverclaimTotal() uint64 { return s.overclaims }
 
 // refuse never folds a forged fact; the fold still moves past its
 // sequence (a ledger's too, or every later booking there would conflict).

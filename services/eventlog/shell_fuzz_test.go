@@ -44,8 +44,10 @@ func FuzzShellRefusesWhatTheSubjectDoesNotConfirm(f *testing.F) {
 	f.Add("berth.evt.pool.linux", []byte(`{"specversion":"1.0","id":"x","type":"berth.slot.released.v1","data":null}`))
 	f.Fuzz(func(t *testing.T, subject string, body []byte) {
 		s := eventlog.NewShell(nil, nil, clock.NewFake(at), slog.New(slog.NewTextHandler(io.Discard, nil)))
+		online := events.HostOnline{Host: "host-a", PhysicalCap: 2, CurveKey: "X", Pools: map[string]events.PoolSlots{"linux": {Slots: 1}}}
+		granted := events.GrantClaim(online)
 		history := []events.Payload{
-			&events.HostOnline{Host: "host-a", PhysicalCap: 2, CurveKey: "X", Pools: map[string]events.PoolSlots{"linux": {Slots: 1}}},
+			&online, &granted,
 			&events.JobQueued{JobRef: events.JobRef{JobID: 7, Labels: []string{"linux"}}},
 			&events.SlotReserved{Pool: "linux", Host: "host-a", Attempt: ref.Attempt, JobID: 7, N: 1},
 			&events.AttemptPlaced{AttemptRef: ref, JobID: 7, RunnerID: 1},

@@ -12,7 +12,8 @@
 //	             demand, alarm; never job facts (it holds no GitHub credentials and mints nothing)
 //	agent-HOST   its own host's facts and its own host's attempts only
 //	cli          operator facts: host (cordon, drain), pool and attempt (berth release)
-//	admin        no facts: it alone creates and updates the stream and the KV buckets
+//	admin        one fact: a host's grant (berth.evt.host.<host>.admin, HostGranted: the pools
+//	             a host may offer); it alone creates and updates the stream and the KV buckets
 //	             (`berth stream apply`) and writes the trust bucket
 //
 // No role but admin may create, update, seal, delete or purge a stream or a
@@ -157,7 +158,7 @@ func Permissions(hosts, instances []string) []User {
 		users = append(users, mk(AgentRole(h), Account, concat(authored(events.RoleAgent, ".host."+h, ".attempt."+h+".*"),
 			[]string{kv(events.BucketHeartbeats, h)}, snapshots(snap), []string{parked(snap)}), agentAPI(h)))
 	}
-	admin := mk(RoleAdmin, Account, []string{kv(events.BucketTrust, ">")}, []string{"$JS.API.>", "$JS.ACK.>", "$JS.FC.>"})
+	admin := mk(RoleAdmin, Account, concat(authored(events.RoleAdmin, ".host.*"), []string{kv(events.BucketTrust, ">")}), []string{"$JS.API.>", "$JS.ACK.>", "$JS.FC.>"})
 	admin.Deny = adminDeny
 	// An operator's `berth status` with the admin key still asks on the cli's inbox.
 	admin.Subscribe = append(admin.Subscribe, InboxPrefix(RoleCLI)+".>")

@@ -174,14 +174,19 @@ func NewSystem() *System {
 }
 
 // ensure is `berth dev`'s admin step: it applies the stream and the
-// buckets on the embedded server, as `berth stream apply` does elsewhere.
+// buckets on the embedded server, as `berth stream apply` does elsewhere,
+// and grants its own agents what they announce (`--grant-agents`), or
+// they would be offered nothing.
 func ensure(ctx context.Context, cfg *config.Config) error {
 	nc, js, err := eventlog.Connect(cfg.NATS.URL, "berth-setup")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	_, err = eventlog.Apply(ctx, js, streamConfig(cfg))
+	if _, err = eventlog.Apply(ctx, js, streamConfig(cfg)); err != nil {
+		return err
+	}
+	_, err = GrantAgents(ctx, js, cfg.Agents, "berth dev")
 	return err
 }
 
@@ -329,14 +334,47 @@ const stuckAfter = 30 * time.Second
 // consumer is not holding facts it has stopped delivering.
 func loopHealthy(l *eventlog.Loop) (bool, map[string]any) {
 	stale := time.Since(l.LastProgress())
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	stuck, pending := l.Stuck(ctx, stuckAfter)
+	stuck, pending := stuckOf(l)
 	ok := l.CaughtUp() && stale < 10*time.Second && !stuck
 	st := l.Stats()
 	return ok, map[string]any{"caught_up": l.CaughtUp(), "last_seq": l.LastSeq(), "loop_idle_seconds": stale.Seconds(),
 		"stuck": stuck, "undelivered": pending,
-		"parked_events": st.Parked, "refused_facts": st.Refused, "ids_taken": st.Mismatched, "consumer_recreated": st.Recreated, "log_truncated": l.Truncated()}
+		"parked_events": st.Parked, "refused_facts": st.Refused, "host_overclaims": st.Overclaims, "ids_taken": st.Mismatched, "consumer_recreated": st.Recreated, "log_truncated": l.Truncated()}
+}
+
+// stuckProbe is the last answer of a loop's Stuck, asked off the /healthz
+// request: Stuck asks the server for the consumer's info once the loop
+// received nothing for stuckAfter (an idle system's normal state), and
+// during a stream leader election that answer takes seconds; a health
+// check that waited for it timed out on a service that was fine.
+type stuckProbe struct {
+	mu      sync.Mutex
+	asking  bool
+	stuck   bool
+	pending uint64
+}
+
+var stuckProbes sync.Map // *eventlog.Loop → *stuckProbe
+
+// stuckOf is l's last Stuck answer (false until one came), and asks again
+// in the background unless a question is out.
+func stuckOf(l *eventlog.Loop) (bool, uint64) {
+	v, _ := stuckProbes.LoadOrStore(l, &stuckProbe{})
+	p := v.(*stuckProbe)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.asking {
+		p.asking = true
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			stuck, pending := l.Stuck(ctx, stuckAfter)
+			cancel()
+			p.mu.Lock()
+			p.stuck, p.pending, p.asking = stuck, pending, false
+			p.mu.Unlock()
+		}()
+	}
+	return p.stuck, p.pending
 }
 
 // statusHandler serves the live projection's status (GET /status), the

@@ -22,6 +22,7 @@ var Labels = []string{"linux", "self-hosted"}
 type HistoryBuilder struct {
 	evs []events.Event
 	at  *time.Time
+	n   uint64 // facts added: a grant shares its HostOnline's sequence
 }
 
 // History starts an empty history.
@@ -38,7 +39,8 @@ func (h *HistoryBuilder) At(d time.Duration) *HistoryBuilder {
 // Add appends payloads as the next facts.
 func (h *HistoryBuilder) Add(ps ...events.Payload) *HistoryBuilder {
 	for _, p := range ps {
-		seq := uint64(len(h.evs) + 1)
+		h.n++
+		seq := h.n
 		at := T0.Add(time.Duration(seq) * time.Second)
 		if h.at != nil {
 			at = *h.at
@@ -46,8 +48,37 @@ func (h *HistoryBuilder) Add(ps ...events.Payload) *HistoryBuilder {
 		e := events.New("test", at, p)
 		e.Seq = seq
 		h.evs = append(h.evs, e)
+		if g, ok := GrantOf(e); ok {
+			h.evs = append(h.evs, g)
+		}
 	}
 	return h
+}
+
+// GrantOf is the operator's grant of exactly what a HostOnline fact
+// claims (events.GrantClaim), written by the admin beside it, at the same
+// sequence (a grant keeps its own stamp in the fold): what every history
+// of a host that should be offered its pools needs, as every harness that
+// starts agents grants them (run.GrantAgents). ok is false for any other
+// fact.
+func GrantOf(e events.Event) (events.Event, bool) {
+	o, ok := e.Data.(*events.HostOnline)
+	if !ok {
+		return events.Event{}, false
+	}
+	g := events.GrantClaim(*o)
+	ge := events.NewBy("test", events.RoleAdmin, e.Time, &g)
+	ge.Seq = e.Seq
+	return ge, true
+}
+
+// ApplyGranted folds e into f, and its grant if it is a HostOnline
+// (GrantOf).
+func ApplyGranted(f *events.Fleet, e events.Event) {
+	f.Apply(e)
+	if g, ok := GrantOf(e); ok {
+		f.Apply(g)
+	}
 }
 
 // Events is the history so far, in sequence order (a copy).

@@ -144,6 +144,7 @@ func Decide(f *events.Fleet, now time.Time, seen map[string]time.Time, p Params)
 	lost := map[string]bool{}
 	for _, name := range hosts {
 		h := f.Hosts[name]
+		plan.overclaimAlarm(f, h, now)
 		if h.State == events.HostStateLost {
 			lost[name] = true
 			continue

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/services/watchdog"
 )
 
@@ -21,7 +22,7 @@ func benchFleet(n int, shape string) *events.Fleet {
 			seq++
 			e := events.New("bench", t0.Add(time.Duration(seq)*time.Millisecond), p)
 			e.Seq = seq
-			f.Apply(e)
+			testkit.ApplyGranted(f, e)
 		}
 	}
 	for i := 0; i < 10; i++ {

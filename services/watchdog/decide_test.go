@@ -40,7 +40,7 @@ func (l *log) at(d time.Duration, ps ...events.Payload) *log {
 		l.n++
 		e := events.New("test", t0.Add(d), p)
 		e.Seq = l.n
-		l.f.Apply(e)
+		testkit.ApplyGranted(l.f, e)
 	}
 	return l
 }

@@ -3,6 +3,7 @@ package watchdog
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/berth-ci/berth/events"
@@ -88,6 +89,25 @@ func (p *Plan) poolAlarms(f *events.Fleet, h *events.Host, kind string, now time
 		case !on && active:
 			p.Clear = append(p.Clear, events.AlarmCleared{Key: key, Pool: pool, At: now})
 		}
+	}
+}
+
+// overclaimAlarm raises one fleet alarm per host whose announcement claims
+// more than its grant (events.Offer; culprit: the host), saying how and
+// the admin's command, and clears it once the claim fits its grant again.
+func (p *Plan) overclaimAlarm(f *events.Fleet, h *events.Host, now time.Time) {
+	key := events.AlarmHostOverclaim + "/fleet/" + h.Name
+	al := f.Alarms[key]
+	active := al != nil && al.Active
+	switch over := len(h.Overclaim) > 0; {
+	case over && !active:
+		p.Raise = append(p.Raise, events.AlarmRaised{Key: key, Kind: events.AlarmHostOverclaim, Pool: "fleet", At: now,
+			Message: fmt.Sprintf("host %s announces more than the admin granted it (%s): it is offered only what its grant allows; "+
+				"if the host is yours and its config right, grant it: %s (or --pool NAME=SLOTS:LABELS); "+
+				"if not, its credential may be misused: cordon it and rotate its key (docs/security.md)",
+				h.Name, strings.Join(h.Overclaim, "; "), events.OverclaimCommand(h.Name))})
+	case !over && active:
+		p.Clear = append(p.Clear, events.AlarmCleared{Key: key, Pool: "fleet", At: now})
 	}
 }
 

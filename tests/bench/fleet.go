@@ -174,6 +174,9 @@ func (f *Fleet) startAgents(sctx context.Context, o FleetOptions, cfg *config.Co
 		be := NewInProc(o.WedgeStops)
 		be.Boot, be.WarmCapable = o.Boot, o.Warm > 0
 		f.Backends = append(f.Backends, be)
+		if err := run.GrantAgentsAt(sctx, f.Sys.NATSURL, one.Agents, "bench"); err != nil {
+			return err
+		}
 		if _, err := run.AgentWith(sctx, f.Sys, cfg, one.Agents[0], be, o.Logger); err != nil {
 			return err
 		}

@@ -76,8 +76,13 @@ func Synthesize(ctx context.Context, url string, hosts, jobs int, timeout time.D
 	specs := Workload(jobs, 7, 0.3, 0, 0, true)
 	for h := 0; h < hosts; h++ {
 		name := "host-" + strconv.Itoa(h)
-		if err := pub(&events.HostOnline{Host: name, Boot: "boot-1", PhysicalCap: 24, CurveKey: "X" + name, Backend: "bench",
-			Pools: map[string]events.PoolSlots{"linux": {Labels: LinuxLabels, Slots: 16}, "macos": {Labels: MacLabels, Slots: 8}}}); err != nil {
+		online := events.HostOnline{Host: name, Boot: "boot-1", PhysicalCap: 24, CurveKey: "X" + name, Backend: "bench",
+			Pools: map[string]events.PoolSlots{"linux": {Labels: LinuxLabels, Slots: 16}, "macos": {Labels: MacLabels, Slots: 8}}}
+		granted := events.GrantClaim(online) // as the operator grants the hosts it runs
+		if err := pub(&online); err != nil {
+			return n, err
+		}
+		if err := pub(&granted); err != nil {
 			return n, err
 		}
 	}

@@ -568,22 +568,27 @@ func TestHAProfileSurvivesTheStreamLeadersDeath(t *testing.T) {
 
 	// A host for the operator facts (berth cordon needs one the log knows):
 	// announced as an agent would.
+	// The operator grants it what it announces, as for every host it runs.
 	const host = "ha-host"
 	now := time.Now().UTC()
-	ev := events.New("berth/tests/compose", now, events.HostOnline{Host: host, Boot: s.project, PhysicalCap: 1, Backend: "exec", At: now,
-		Pools: map[string]events.PoolSlots{"linux": {Labels: []string{"linux", "self-hosted"}, Slots: 1}}})
-	body, err := events.Marshal(ev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg := nats.NewMsg(ev.Subject)
-	msg.Data = body
-	msg.Header.Set("Ce-Type", ev.Type())
-	pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
-	_, err = js.PublishMsg(pctx, msg, jetstream.WithMsgID(ev.ID), jetstream.WithExpectStream(events.StreamName))
-	pcancel()
-	if err != nil {
-		t.Fatalf("announce %s: %v", host, err)
+	online := events.HostOnline{Host: host, Boot: s.project, PhysicalCap: 1, Backend: "exec", At: now,
+		Pools: map[string]events.PoolSlots{"linux": {Labels: []string{"linux", "self-hosted"}, Slots: 1}}}
+	granted := events.GrantClaim(online)
+	for _, p := range []events.Payload{&granted, &online} {
+		ev := events.New("berth/tests/compose", now, p)
+		body, err := events.Marshal(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := nats.NewMsg(ev.Subject)
+		msg.Data = body
+		msg.Header.Set("Ce-Type", ev.Type())
+		pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err = js.PublishMsg(pctx, msg, jetstream.WithMsgID(ev.ID), jetstream.WithExpectStream(events.StreamName))
+		pcancel()
+		if err != nil {
+			t.Fatalf("announce %s: %v", host, err)
+		}
 	}
 
 	cli := func(ctx context.Context, args ...string) (string, error) {

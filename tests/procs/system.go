@@ -243,7 +243,7 @@ func (s *System) ApplyStream() string {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, 90*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, s.Bins.Berth, append(argv, "stream", "apply", "--config", path)...).CombinedOutput()
+	out, err := exec.CommandContext(ctx, s.Bins.Berth, append(argv, "stream", "apply", "--grant-agents", "--config", path)...).CombinedOutput()
 	if err != nil {
 		s.t.Fatalf("berth stream apply: %v\n%s", err, out)
 	}

@@ -236,6 +236,10 @@ func (w *world) startAgent(a config.Agent) (stop func()) {
 	w.t.Helper()
 	w.complete(&a)
 	ctx, cancel := context.WithCancel(w.ctx)
+	if err := run.GrantAgentsAt(ctx, w.f.Sys.NATSURL, []config.Agent{a}, "scenario"); err != nil {
+		cancel()
+		w.t.Fatalf("grant agent %s: %v", a.Host, err)
+	}
 	addr, err := run.Agent(ctx, w.f.Sys, w.f.Config, a, w.logger.With("agent", a.Host))
 	if err != nil {
 		cancel()

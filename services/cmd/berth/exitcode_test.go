@@ -105,10 +105,7 @@ func TestCompletionOffersTheLogsNames(t *testing.T) {
 	defer cancel()
 	h := testkit.History().HostOnline("host-a", 2, 2).Queued(7).Reserved(7, 1, "host-a")
 	for _, e := range h.Events() {
-		role := events.RoleDispatcher
-		if e.Type() == events.TypeHostOnline {
-			role = events.RoleAgent
-		}
+		role := events.Authors(e.Type())[0] // the agent's announcement, the admin's grant, the dispatcher's facts
 		app := &eventlog.Appender{JS: js, Source: "test", Role: role}
 		if _, _, err := app.Append(ctx, app.New(e.Time, e.Data), nil); err != nil {
 			t.Fatal(err)

@@ -695,6 +695,7 @@ func instancesOr(in []string) []string {
 func streamCmd(natsURL *string) *cobra.Command {
 	cmd := &cobra.Command{Use: "stream", Short: "Administer the event log's stream and KV buckets (admin credential)"}
 	var cfgPath string
+	var grantAgents bool
 	apply := &cobra.Command{
 		Use:   "apply",
 		Short: "Create or update the stream and the KV buckets to the config's nats section",
@@ -721,6 +722,11 @@ func streamCmd(natsURL *string) *cobra.Command {
 			ctx, cancel := context.WithTimeout(cmd.Context(), time.Minute)
 			defer cancel()
 			lines, err := run.ApplyStream(ctx, js, c)
+			if err == nil && grantAgents {
+				var granted []string
+				granted, err = run.GrantAgents(ctx, js, c.Agents, "berth stream apply")
+				lines = append(lines, granted...)
+			}
 			for _, l := range lines {
 				fmt.Fprintln(cmd.OutOrStdout(), l)
 			}
@@ -731,6 +737,7 @@ func streamCmd(natsURL *string) *cobra.Command {
 		},
 	}
 	apply.Flags().StringVar(&cfgPath, "config", "/etc/berth/berth.yaml", "config file (its nats section)")
+	apply.Flags().BoolVar(&grantAgents, "grant-agents", false, "also grant every host in the config's agents what it announces (berth trust host HOST --config FILE for each)")
 	cmd.AddCommand(apply)
 	return cmd
 }

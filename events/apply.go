@@ -93,7 +93,7 @@ func (f *Fleet) Apply(e Event) {
 	case *AttemptFailed:
 		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) {
 			a.Failed, a.FailedAt, a.FailedStep, a.FailedError = true, e.Time, d.Step, d.Error
-			a.FailedCulprit = d.Culprit
+			a.FailedCulprit = AgentCulprit(d.Culprit) // the agent's word, held to its host (law 10)
 		})
 	case *AttemptTeardownRequested:
 		f.attemptFlag(d.AttemptRef, e.Time, func(a *Attempt) {

@@ -31,7 +31,7 @@ type Attempt struct {
 	Failed         bool
 	FailedStep     string
 	FailedError    string
-	FailedCulprit  string // who the agent charged the failure to ("" reads as host)
+	FailedCulprit  string // who the agent charged the failure to, held to its host (AgentCulprit)
 	TeardownReq    bool
 	TeardownReason string
 	Stopped        bool

@@ -247,3 +247,18 @@ func (g GitHubHealth) Refusing() bool {
 	}
 	return g.Refused.After(g.Placed)
 }
+
+// AgentCulprit is the culprit an agent's failure fact (AttemptFailed) is
+// read as: host, image, backend or berth as written; anything else
+// (job, github, nats, "", an unknown word) reads as host. An agent speaks
+// only for its own host (law 10): were its word taken for job, one
+// compromised or buggy host could spend other repositories' jobs'
+// attempts and give them up; for nats or github, fail them forever on
+// itself and never be degraded.
+func AgentCulprit(culprit string) string {
+	switch culprit {
+	case CulpritHost, CulpritImage, CulpritBackend, CulpritBerth:
+		return culprit
+	}
+	return CulpritHost
+}

@@ -141,3 +141,17 @@ func Unmarshal(b []byte, seq uint64) (ev Event, err error) {
 	ev.Data = p
 	return ev, nil
 }
+
+// ClampToStored caps the fact's time at stored, the server's timestamp of
+// the message that holds it (law 10: time is never another machine's
+// word). A writer whose clock runs ahead, or who lies, stamps a fact in
+// the future; every deadline and window that counts from the fact's time
+// (a booking's provisioning deadline, a host's back-off) would then run
+// from a moment that has not come. Clamped, it counts from when the log
+// stored it. It caps from above only: a fact stamped in the past keeps its
+// time. A zero stored time (unknown) changes nothing.
+func (e *Event) ClampToStored(stored time.Time) {
+	if !stored.IsZero() && e.Time.After(stored) {
+		e.Time = stored.UTC()
+	}
+}

@@ -57,8 +57,8 @@ func HostAction(ctx context.Context, js jetstream.JetStream, action, host, reaso
 		return 0, fmt.Errorf("unknown host action %q", action)
 	}
 	app := &eventlog.Appender{JS: js, Source: "berth/cli", Role: events.RoleCLI}
-	seq, _, err := app.Append(ctx, app.New(now, p), nil)
-	return seq, err
+	stored, err := app.AppendConfirmed(ctx, app.New(now, p), nil)
+	return stored.Seq, err
 }
 
 // Unchanged is HostAction's answer when the host already is what the
@@ -163,7 +163,7 @@ func ReleaseAttempt(ctx context.Context, js jetstream.JetStream, attempt string,
 			expect = p.LastSeq
 		}
 		rel := events.SlotReleased{Pool: a.Pool, Host: a.Host, Attempt: a.ID, Reason: events.ReleaseOperator, JobID: a.JobID}
-		if _, _, err := app.Append(ctx, app.New(now, rel), &expect); err != nil {
+		if _, err := app.AppendConfirmed(ctx, app.New(now, rel), &expect); err != nil {
 			return "", fmt.Errorf("release %s: %w (the pool's ledger moved; run the command again)", a.ID, err)
 		}
 		done = append(done, "slot of pool "+a.Pool+" released")
@@ -171,7 +171,7 @@ func ReleaseAttempt(ctx context.Context, js jetstream.JetStream, attempt string,
 	if a.Placed && !a.TeardownReq && !a.Stopped {
 		td := events.AttemptTeardownRequested{AttemptRef: events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host},
 			Reason: events.ReleaseOperator}
-		if _, _, err := app.Append(ctx, app.New(now, td), nil); err != nil {
+		if _, err := app.AppendConfirmed(ctx, app.New(now, td), nil); err != nil {
 			return "", err
 		}
 		done = append(done, "teardown requested on "+a.Host)

@@ -127,6 +127,56 @@ func TestOperatorReleaseOfALeakedSlot(t *testing.T) {
 	}
 }
 
+// Found attacking the landed code (issue 16): JetStream deduplicates
+// Nats-Msg-Id across the whole stream and any credential may send any id.
+// Given another writer that first stored something else, on a subject of
+// its own, under the ids an operator's release and teardown will use, when
+// the operator releases the attempt, then both facts are stored (under
+// fresh ids) and the fold shows the slot released and the teardown asked;
+// before, the server's "duplicate" answer was taken as stored, and the cli
+// said "released" for nothing.
+func TestAnOperatorsReleaseIsStoredThoughAnotherWriterTookItsIds(t *testing.T) {
+	ctx, js := newLog(t)
+	app := &eventlog.Appender{JS: js, Source: "test"}
+	ref := events.AttemptRef{Attempt: "berth-9-1", Pool: "linux", Host: "h"}
+	for _, p := range []events.Payload{
+		events.HostOnline{Host: "h", Boot: "b", PhysicalCap: 2, Pools: map[string]events.PoolSlots{"linux": {Labels: []string{"linux"}, Slots: 2}}},
+		events.SlotReserved{Pool: "linux", Host: "h", Attempt: ref.Attempt, JobID: 9, N: 1},
+		events.AttemptPlaced{AttemptRef: ref, JobID: 9}, events.AttemptProvisioning{AttemptRef: ref},
+	} {
+		if _, _, err := app.Append(ctx, app.New(time.Now(), p), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cliApp := &eventlog.Appender{Role: events.RoleCLI}
+	for _, p := range []events.Payload{
+		events.SlotReleased{Pool: "linux", Host: "h", Attempt: ref.Attempt, Reason: events.ReleaseOperator, JobID: 9},
+		events.AttemptTeardownRequested{AttemptRef: ref, Reason: events.ReleaseOperator},
+	} {
+		decoy := app.New(time.Now(), events.AttemptReady{AttemptRef: ref}) // the agent's subject, another fact
+		body, err := events.Marshal(decoy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := eventlog.MsgID(cliApp.New(time.Now(), p))
+		if _, err := js.Publish(ctx, decoy.Subject, body, jetstream.WithMsgID(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	what, err := cli.ReleaseAttempt(ctx, js, ref.Attempt, false)
+	f, rerr := eventlog.Replay(ctx, js, nil)
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	a := f.Attempts[ref.Attempt]
+	if err == nil && (a.Held() || !a.TeardownReq) {
+		t.Fatalf("the cli said %q, but the log holds: slot held %v, teardown asked %v", what, a.Held(), a.TeardownReq)
+	}
+	if err != nil || a.ReleaseReason != events.ReleaseOperator {
+		t.Fatalf("release: %q %v; release reason %q, want the operator's stored", what, err, a.ReleaseReason)
+	}
+}
+
 // newLog starts an embedded server with the stream, for one test.
 func newLog(t *testing.T) (context.Context, jetstream.JetStream) {
 	t.Helper()

@@ -15,9 +15,15 @@ import (
 // then the round that follows it (the release the dispatcher decides).
 func (l *log) createFails(job int64, n int, hostName string) dispatch.Plan {
 	l.t.Helper()
+	return l.createFailsCharging(job, n, hostName, events.CulpritHost)
+}
+
+// createFailsCharging is createFails with the culprit the agent writes.
+func (l *log) createFailsCharging(job int64, n int, hostName, culprit string) dispatch.Plan {
+	l.t.Helper()
 	r := aref(job, n, hostName)
 	l.add(&events.AttemptPlaced{AttemptRef: r, JobID: job, Labels: linux}, &events.AttemptProvisioning{AttemptRef: r},
-		&events.AttemptFailed{AttemptRef: r, Step: "create", Error: "exit 1", Culprit: events.CulpritHost})
+		&events.AttemptFailed{AttemptRef: r, Step: "create", Error: "exit 1", Culprit: culprit})
 	return l.decideAt(time.Time{})
 }
 
@@ -54,6 +60,41 @@ func TestCulpritHostCreateFailuresNeverSpendTheJobsAttempts(t *testing.T) {
 	}
 	if j := l.f.Jobs[7]; j.FailedAttempts != 0 || !j.Demand() {
 		t.Fatalf("job 7: %d failed attempts, demand %v; want 0 and still demand", j.FailedAttempts, j.Demand())
+	}
+}
+
+// Found attacking the landed code (issue 16): an agent's failure facts
+// named their own culprit, and the dispatcher charged it. Given an agent
+// whose creates keep failing, when it charges them to the job, then
+// before this fix other repositories' jobs were given up after
+// MaxAttempts; to nats or github, then they failed on it forever and it
+// was never degraded. Now whatever it writes but host, image, backend or
+// berth is charged to its host: the job keeps its attempts and the host's
+// streak counts every failure.
+func TestAnAgentCannotChargeItsFailuresToAnythingButItsHost(t *testing.T) {
+	for culprit, want := range map[string]string{
+		events.CulpritJob: events.CulpritHost, events.CulpritNATS: events.CulpritHost,
+		events.CulpritGitHub: events.CulpritHost, "": events.CulpritHost, "nobody": events.CulpritHost,
+		events.CulpritHost: events.CulpritHost, events.CulpritImage: events.CulpritImage,
+		events.CulpritBackend: events.CulpritBackend, events.CulpritBerth: events.CulpritBerth,
+	} {
+		l := given(t).add(host("h-a", 2, 100), queued(7), reserved(7, 1, "h-a"))
+		for n := 1; n <= 2*params.MaxAttempts; n++ {
+			plan := l.createFailsCharging(7, n, "h-a", culprit)
+			if len(plan.Unschedulable) != 0 {
+				t.Fatalf("agent wrote %q: after %d failures the job is given up: %+v", culprit, n, plan.Unschedulable)
+			}
+			if len(plan.Release) != 1 || plan.Release[0].Culprit != want {
+				t.Fatalf("agent wrote %q: failure %d: releases %+v, want one charged to %s", culprit, n, plan.Release, want)
+			}
+			l.apply(plan)
+		}
+		if j := l.f.Jobs[7]; j.FailedAttempts != 0 || !j.Demand() {
+			t.Fatalf("agent wrote %q: job 7 has %d failed attempts, demand %v; want 0 and still demand", culprit, j.FailedAttempts, j.Demand())
+		}
+		if n, _, _ := l.f.Hosts["h-a"].Health.Streak(time.Time{}); want == events.CulpritHost && n < params.MaxAttempts {
+			t.Fatalf("agent wrote %q: the host's streak is %d, want every failure charged to it", culprit, n)
+		}
 	}
 }
 

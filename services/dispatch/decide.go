@@ -730,10 +730,11 @@ func (pl *planner) backoff(n int) time.Duration {
 }
 
 // failedCulprit is who a failed or abandoned create is charged to: what
-// the agent named, else the host.
+// the agent named if an agent may name it (events.AgentCulprit: also for a
+// snapshot folded before that rule), else the host.
 func failedCulprit(a *events.Attempt) string {
-	if a.Failed && a.FailedCulprit != "" {
-		return a.FailedCulprit
+	if a.Failed {
+		return events.AgentCulprit(a.FailedCulprit)
 	}
 	return events.CulpritHost
 }

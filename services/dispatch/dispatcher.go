@@ -472,7 +472,7 @@ func (d *Dispatcher) reconcile(ctx context.Context, now time.Time) {
 			}
 			if p := ReconcileFact(&j, s); p != nil {
 				d.opts.Logger.Warn("a webhook went missing; the API says the job moved on", "job", j.ID, "status", s.Status)
-				if _, _, err := d.Log.Append(ctx, d.Log.New(d.opts.Now(), p), nil); err != nil {
+				if _, err := d.Log.AppendConfirmed(ctx, d.Log.New(d.opts.Now(), p), nil); err != nil {
 					d.opts.Logger.Warn("reconciled fact not stored; the next round retries", "job", j.ID, "err", err)
 				}
 			}

@@ -271,7 +271,10 @@ func (in *Intake) store(w http.ResponseWriter, r *http.Request, delivery string,
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	defer cancel()
-	seq, dup, err := in.Log.Append(ctx, in.Log.New(in.Now(), p), nil)
+	// Confirmed: a duplicate answer whose id another writer took is not
+	// this delivery stored (issue 16); it is appended under a fresh id.
+	c, err := in.Log.AppendConfirmed(ctx, in.Log.New(in.Now(), p), nil)
+	seq, dup := c.Seq, c.Dup
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload):
 		// Not the log being down: the same delivery would fail again.

@@ -84,6 +84,9 @@ func page(ctx context.Context, nc *nats.Conn, stream, filter string, seq uint64,
 		}
 		ev, derr := events.Unmarshal(m.Data, s)
 		ev.Seq, ev.Subject = s, m.Header.Get(jetstream.SubjectHeader) // the stored subject is authoritative
+		if at, err := time.Parse(time.RFC3339Nano, m.Header.Get(jetstream.TimeStampHeaer)); err == nil {
+			ev.ClampToStored(at) // the log's clock, not the writer's
+		}
 		pending, _ := strconv.ParseUint(m.Header.Get(numPendingHeader), 10, 64)
 		out = append(out, Delivered{Event: ev, Pending: pending, Err: derr})
 	}

@@ -368,6 +368,7 @@ func (f *follower) consume(ctx context.Context, cons jetstream.Consumer, out cha
 		f.track.delivered(seq)
 		ev, derr := events.Unmarshal(msg.Data(), seq)
 		ev.Seq, ev.Subject = seq, msg.Subject()
+		ev.ClampToStored(meta.Timestamp) // the log's clock, not the writer's
 		d := Delivered{Event: ev, Pending: meta.NumPending, Err: derr, Deliveries: meta.NumDelivered,
 			MaxDeliver: uint64(f.cfg.MaxDeliver), msg: msg, track: &f.track}
 		if f.cfg.ackNone {

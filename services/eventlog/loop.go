@@ -366,21 +366,17 @@ func (l *Loop) filteredLast(ctx context.Context) (uint64, error) {
 	if len(l.Filters) == 0 {
 		return LastSeq(ctx, l.JS)
 	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	s, err := l.JS.Stream(ctx, events.StreamName)
-	if err != nil {
-		return 0, err
-	}
 	var last uint64
 	for _, f := range l.Filters {
-		m, err := s.GetLastMsgForSubject(ctx, f) // wildcards allowed (JetStream's last_by_subj)
+		// A direct get, not the stream's info: an agent may not read it
+		// (it would list every subject, natsauth).
+		m, err := LastOn(ctx, l.JS, f)
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 		case err != nil:
 			return 0, err
 		default:
-			last = max(last, m.Sequence)
+			last = max(last, m.Seq)
 		}
 	}
 	return last, nil

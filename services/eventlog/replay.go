@@ -157,6 +157,7 @@ func snapshotNotAfter(ctx context.Context, s jetstream.Stream, seq uint64, until
 	if err != nil {
 		return true, "" // an undecodable fact has no stamp; it orders nothing
 	}
+	ev.ClampToStored(m.Time)
 	if ev.Time.After(until) {
 		return false, fmt.Sprintf("its last fact is stamped %s, after the time asked for", ev.Time.Format(time.RFC3339))
 	}

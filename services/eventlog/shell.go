@@ -2,14 +2,9 @@ package eventlog
 
 import (
 	"context"
-	"crypto/hmac"
-	cryptorand "crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"time"
 
@@ -39,9 +34,6 @@ type Shell struct {
 	Logger *slog.Logger
 	// Fold is the service's projection of the log.
 	Fold *events.Fleet
-	// secret keys the ids of retaken facts (retakenID): random per
-	// process, so no other writer can predict them.
-	secret [16]byte
 	// InFlightFor bounds how long an appended fact counts as on its way;
 	// 0 means DefaultInFlightFor.
 	InFlightFor time.Duration
@@ -81,7 +73,9 @@ func NewShell(loop *Loop, app *Appender, clk clock.Clock, logger *slog.Logger) *
 	}
 	sh := &Shell{Loop: loop, Log: app, Clock: clk, Logger: logger, Fold: events.NewFleet(),
 		inflight: map[string]time.Time{}, keyOf: map[string]string{}}
-	_, _ = cryptorand.Read(sh.secret[:])
+	if app != nil && app.Logger == nil {
+		app.Logger = logger // it tells of ids another writer took
+	}
 	return sh
 }
 
@@ -350,16 +344,13 @@ func (s *Shell) appendBatch(ctx context.Context, steps events.Plan) {
 	if len(evs) == 0 {
 		return
 	}
-	for i, r := range s.Log.AppendAll(ctx, evs) {
-		ev, seq, dup, err := evs[i], r.Seq, r.Dup, r.Err
-		if err == nil && dup {
-			ev, seq, dup, err = s.judge(ctx, ev, nil, seq)
-		}
-		if err != nil {
-			s.Logger.Warn("append failed; the next round decides it again", "event", ev.ID, "err", err)
+	for i, c := range s.Log.AppendAllConfirmed(ctx, evs) {
+		s.countTaken(c.Taken)
+		if c.Err != nil {
+			s.Logger.Warn("append failed; the next round decides it again", "event", c.Event.ID, "err", c.Err)
 			continue
 		}
-		s.stored(ctx, todo[i], ev, keys[i], seq, dup)
+		s.stored(ctx, todo[i], c.Event, keys[i], c.Seq, c.Dup)
 	}
 }
 
@@ -423,100 +414,20 @@ func (s *Shell) appendStep(ctx context.Context, st events.Step) (stored bool, er
 	return !dup, nil
 }
 
-// maxRetakes bounds how many fresh ids one step tries in one round when
-// its id is found taken again and again.
-const maxRetakes = 3
-
-// ErrIDTaken: every id a step tried this round held another fact.
-var ErrIDTaken = errors.New("the fact's id holds another fact")
-
-// retakenID is the id a fact is appended under when its own id holds
-// another fact, stored at seq: id + "#" + seq + "." + a keyed hash of both
-// under this shell's secret. The first id of a fact is deterministic (a
-// publish retried after a crash is deduplicated by the server), so another
-// role can take it first by storing anything under it on its own subject:
-// JetStream deduplicates Nats-Msg-Id across the whole stream. With a
-// predictable retake (id#seq, the seq of its own decoy) it could take the
-// whole chain and hold a release until the duplicate window ran out; this
-// one it cannot predict. It is the same for every retry within this
-// process, so those are still deduplicated; another replica retakes under
-// its own, and the slot ledger's expected-sequence check refuses the second
-// booking or release (every other fact folds idempotently).
-func (s *Shell) retakenID(id string, seq uint64) string {
-	m := hmac.New(sha256.New, s.secret[:])
-	m.Write([]byte(id))
-	m.Write([]byte{0})
-	m.Write([]byte(strconv.FormatUint(seq, 10)))
-	return id + "#" + strconv.FormatUint(seq, 10) + "." + hex.EncodeToString(m.Sum(nil)[:8])
-}
-
-// store appends ev, and reads a duplicate answer back: stored means read
-// back (issue 17). A duplicate that is ours (a retried publish) or another
-// author's version of the same transition stands. One whose id holds
-// something else (DupTaken) is counted, logged with what differs, and ev
-// is appended again under a fresh id (retakenID), now: a release whose id was taken
-// would otherwise hold its slot until the duplicate window ran out.
-//
-// A fresh id is safe for every fact, because no fold keys a fact by its
-// envelope id (events/apply.go folds the payload), and DupTaken means the
-// fold got nothing of this transition from the stored one: it is of
-// another type or another aggregate instance, or refused where it stands
-// (events.Authorize). A release in particular is then applied once
-// (events.Attempt.Releases counts distinct stored releases); a release of
-// the same attempt by another author is DupStands and is not repeated.
-// It returns the event as stored (its id may be a fresh one).
+// store appends ev, and reads a duplicate answer back
+// (Appender.AppendConfirmed): stored means read back (issue 17). It returns
+// the event as stored (its id may be a fresh one).
 func (s *Shell) store(ctx context.Context, ev events.Event, expect *uint64) (events.Event, uint64, bool, error) {
-	seq, dup, err := s.Log.Append(ctx, ev, expect)
-	if err != nil || !dup {
-		return ev, seq, dup, err
-	}
-	return s.judge(ctx, ev, expect, seq)
+	c, err := s.Log.AppendConfirmed(ctx, ev, expect)
+	s.countTaken(c.Taken)
+	return c.Event, c.Seq, c.Dup, err
 }
 
-// judge reads back the fact stored at seq, which the server answered ev's
-// append with as a duplicate, and decides as store says.
-func (s *Shell) judge(ctx context.Context, ev events.Event, expect *uint64, seq uint64) (events.Event, uint64, bool, error) {
-	base := ev.ID
-	for try := 0; ; try++ {
-		if try > 0 {
-			var dup bool
-			var err error
-			seq, dup, err = s.Log.Append(ctx, ev, expect)
-			if err != nil || !dup {
-				return ev, seq, dup, err
-			}
-		}
-		stored, rerr := s.Log.ReadBack(ctx, seq)
-		if errors.Is(rerr, ErrNoReadBack) {
-			// An agent reads only its own subjects: what it cannot read
-			// there is another writer's, holding our id (issue 16).
-			stored, rerr = s.Log.ReadBackOwn(ctx, ev.Subject, seq)
-		}
-		held := errors.Is(rerr, ErrHeldElsewhere)
-		if !held && stored.Data == nil && rerr != nil && !errors.Is(rerr, events.ErrUnknownType) && !errors.Is(rerr, events.ErrMalformed) {
-			return ev, 0, false, fmt.Errorf("duplicate of %s not read back: %w", ev.ID, rerr)
-		}
-		verdict, diff := JudgeDuplicate(ev, stored, rerr)
-		if held {
-			verdict, diff = DupTaken, rerr.Error()
-		}
-		if verdict != DupTaken {
-			if verdict == DupStands {
-				s.Logger.Debug("duplicate: another author stored this transition", "event", ev.ID, "seq", seq, "differs", diff)
-			}
-			return ev, seq, true, nil
-		}
-		s.mismatched++
-		if s.Loop != nil {
-			s.Loop.mismatched.Add(1)
-		}
-		if try == maxRetakes {
-			return ev, 0, false, fmt.Errorf("%w: %s (last at seq %d)", ErrIDTaken, base, seq)
-		}
-		fresh := s.retakenID(base, seq)
-		s.Logger.Warn("duplicate answer, but another fact holds the id; appending under a fresh id",
-			"event", ev.ID, "seq", seq, "type", ev.Type(), "differs", diff, "fresh", fresh)
-		ev.ID = fresh
+// countTaken counts ids found held by another fact.
+func (s *Shell) countTaken(n int) {
+	s.mismatched += uint64(n)
+	if s.Loop != nil {
+		s.Loop.mismatched.Add(uint64(n))
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -164,8 +165,12 @@ type Appender struct {
 	Timeout time.Duration
 	// NoReadBack: this appender's credential may not read the log by
 	// sequence (an agent's may read only its own host's subjects,
-	// services/natsauth), so a duplicate answer is trusted unread.
+	// services/natsauth), so a duplicate answer is read back from its own
+	// subject (ReadBackOwn).
 	NoReadBack bool
+	// Logger hears of ids found held by another fact (AppendConfirmed);
+	// nil is the default logger.
+	Logger *slog.Logger
 }
 
 // Append stores one fact. The envelope id is the Nats-Msg-Id, so a retried
@@ -356,13 +361,17 @@ var ErrHeldElsewhere = errors.New("the id is held by a fact on another subject")
 // id first. A retried publish whose first try was stored is the last fact
 // on its subject, since the appender appends one fact at a time there.
 func (a *Appender) ReadBackOwn(ctx context.Context, subject string, seq uint64) (events.Event, error) {
-	return a.read(ctx, seq, func(ctx context.Context, s jetstream.Stream) (*jetstream.RawStreamMsg, error) {
-		m, err := s.GetLastMsgForSubject(ctx, subject)
-		if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && m.Sequence != seq) {
-			return nil, fmt.Errorf("%w: seq %d is not the last fact on %s", ErrHeldElsewhere, seq, subject)
-		}
-		return m, err
-	})
+	m, err := LastOn(ctx, a.JS, subject) // a direct get: an agent may not read the stream's info
+	if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && m.Seq != seq) {
+		return events.Event{}, fmt.Errorf("%w: seq %d is not the last fact on %s", ErrHeldElsewhere, seq, subject)
+	}
+	if err != nil {
+		return events.Event{}, fmt.Errorf("read back seq %d: %w", seq, err)
+	}
+	ev, err := events.Unmarshal(m.Data, m.Seq)
+	ev.Seq, ev.Subject = m.Seq, m.Subject
+	ev.ClampToStored(m.Time)
+	return ev, err
 }
 
 // read gets one stored message with get, bounded by the appender's
@@ -379,14 +388,12 @@ func (a *Appender) read(ctx context.Context, seq uint64, get func(context.Contex
 		return events.Event{}, fmt.Errorf("read back seq %d: %w", seq, err)
 	}
 	m, err := get(ctx, s)
-	if errors.Is(err, ErrHeldElsewhere) {
-		return events.Event{}, err
-	}
 	if err != nil {
 		return events.Event{}, fmt.Errorf("read back seq %d: %w", seq, err)
 	}
 	ev, err := events.Unmarshal(m.Data, m.Sequence)
 	ev.Seq, ev.Subject = m.Sequence, m.Subject
+	ev.ClampToStored(m.Time)
 	return ev, err
 }
 

@@ -288,7 +288,7 @@ func (a *Auth) Config() string {
 	return b.String()
 }
 
-// agentAPI is the JetStream API an agent may call: its two consumers on
+// agentAPI is the JetStream API an agent may call (not the log's info): its two consumers on
 // the log by their exact names, each held to its own host's filter (the
 // server checks the filter in the create subject against the request):
 // its durable one on its attempts (events.AgentConsumer) and the watch of
@@ -299,7 +299,11 @@ func (a *Auth) Config() string {
 // consumer but its own.
 func agentAPI(host string) []string {
 	const api, log = "$JS.API.", events.StreamName
-	out := concat([]string{api + "INFO", api + "STREAM.INFO." + log},
+	// No STREAM.INFO on the log: permissions cannot see a request's
+	// subjects_filter, so it would list every subject (every host, pool
+	// and attempt). An agent checks the log by direct gets of its own
+	// subjects (eventlog.LastOn, StreamThere).
+	out := concat([]string{api + "INFO"},
 		ownConsumer(events.AgentConsumer(host), events.HostAttemptsFilter(host), true),
 		ownConsumer(events.HostWatchConsumer(host), events.HostFilter(host), false))
 	for _, s := range []string{events.HostAttemptsFilter(host), events.HostFilter(host)} {

@@ -26,7 +26,9 @@ func AgentGrant(ac config.Agent, by string, at time.Time) events.HostGranted {
 // the admin's (or a dev server's, without authorization).
 func Grant(ctx context.Context, js jetstream.JetStream, g events.HostGranted) error {
 	app := &eventlog.Appender{JS: js, Source: "berth/admin", Role: events.RoleAdmin, NoReadBack: true}
-	if _, _, err := app.Append(ctx, app.New(g.At, g), nil); err != nil {
+	// Confirmed: a grant's Nats-Msg-Id another writer took must not read
+	// as "granted" while nothing was stored (issue 16).
+	if _, err := app.AppendConfirmed(ctx, app.New(g.At, g), nil); err != nil {
 		return fmt.Errorf("grant host %s: %w (only the admin may grant: berth --nats-nkey admin.nk)", g.Host, err)
 	}
 	return nil

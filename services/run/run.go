@@ -202,12 +202,13 @@ func connect(ctx context.Context, cfg *config.Config, name, role string) (*nats.
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	drift, err := awaitStream(ctx, cfg, js, name)
+	verify := verifier(js, cfg, role)
+	drift, err := awaitStream(ctx, cfg, js, name, verify)
 	if err != nil {
 		nc.Close()
 		return nil, nil, nil, fmt.Errorf("%w (waited %s: is JetStream enabled, and on a cluster do enough nodes run for nats.replicas?)", err, streamWait)
 	}
-	return nc, js, newStreamHealth(js, cfg, drift), nil
+	return nc, js, newStreamHealth(verify, drift, presenceOnly(role)), nil
 }
 
 // streamWait is how long a starting service waits for JetStream.

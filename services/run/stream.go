@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/config"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/natsauth"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -45,12 +48,12 @@ func authConfigured(cfg *config.Config) bool {
 // existing stream. Other errors (a cluster still electing its meta leader
 // answers with timeouts) are retried for streamWait. Drift is returned for
 // health to report, not fixed.
-func awaitStream(ctx context.Context, cfg *config.Config, js jetstream.JetStream, service string) ([]string, error) {
+func awaitStream(ctx context.Context, cfg *config.Config, js jetstream.JetStream, service string, verify func(context.Context) ([]string, error)) ([]string, error) {
 	sc := streamConfig(cfg)
 	deadline, lastSaid := time.Now().Add(streamWait), time.Time{}
 	for {
 		vctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		drift, err := eventlog.VerifyStream(vctx, js, sc)
+		drift, err := verify(vctx)
 		if errors.Is(err, eventlog.ErrStreamMissing) && !authConfigured(cfg) {
 			_, err = eventlog.EnsureStream(vctx, js, sc)
 			drift = nil
@@ -85,12 +88,32 @@ func awaitStream(ctx context.Context, cfg *config.Config, js jetstream.JetStream
 	}
 }
 
+// verifier is how role checks the stream: its config against cfg
+// (VerifyStream), or, for an agent, whose credential may not read the
+// stream's info (it would list every subject, natsauth), only that it is
+// there, by a direct get of its own host's facts (eventlog.StreamThere):
+// an agent sees no drift.
+func verifier(js jetstream.JetStream, cfg *config.Config, role string) func(context.Context) ([]string, error) {
+	if host, agent := strings.CutPrefix(role, natsauth.AgentRole("")); agent {
+		return func(ctx context.Context) ([]string, error) {
+			return nil, eventlog.StreamThere(ctx, js, events.HostFilter(host))
+		}
+	}
+	sc := streamConfig(cfg)
+	return func(ctx context.Context) ([]string, error) { return eventlog.VerifyStream(ctx, js, sc) }
+}
+
+// presenceOnly reports whether role's verifier sees only that the stream
+// is there.
+func presenceOnly(role string) bool { return strings.HasPrefix(role, natsauth.AgentRole("")) }
+
 // streamHealth checks the stream for /healthz, at most every 10 s: drift
 // is reported (stream_drift) and leaves health as it is; a missing stream
-// makes the service unhealthy.
+// makes the service unhealthy. An agent checks presence only
+// (stream_checked: "presence").
 type streamHealth struct {
-	js  jetstream.JetStream
-	cfg eventlog.StreamConfig
+	verify   func(context.Context) ([]string, error)
+	presence bool
 
 	mu       sync.Mutex
 	at       time.Time
@@ -99,8 +122,8 @@ type streamHealth struct {
 	checking bool // a check runs off the request (probe)
 }
 
-func newStreamHealth(js jetstream.JetStream, cfg *config.Config, drift []string) *streamHealth {
-	return &streamHealth{js: js, cfg: streamConfig(cfg), at: time.Now(), drift: drift}
+func newStreamHealth(verify func(context.Context) ([]string, error), drift []string, presence bool) *streamHealth {
+	return &streamHealth{verify: verify, at: time.Now(), drift: drift, presence: presence}
 }
 
 // probe checks the stream off the /healthz request: while a cluster
@@ -109,7 +132,7 @@ func newStreamHealth(js jetstream.JetStream, cfg *config.Config, drift []string)
 // service that was fine. Until it answers, add reports what it knew.
 func (h *streamHealth) probe() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	drift, err := eventlog.VerifyStream(ctx, h.js, h.cfg)
+	drift, err := h.verify(ctx)
 	cancel()
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -134,6 +157,9 @@ func (h *streamHealth) add(ok bool, detail map[string]any) bool {
 	}
 	if h.missing {
 		detail["stream_missing"] = true
+	}
+	if h.presence {
+		detail["stream_checked"] = "presence" // an agent may not read the stream's config: drift shows on the other services
 	}
 	return ok && !h.missing
 }

@@ -224,7 +224,7 @@ func (a *Agent) announce(ctx context.Context) error {
 	now := a.opts.Now()
 	online := events.HostOnline{Host: a.opts.Host, Boot: a.boot, Pools: a.opts.Pools,
 		PhysicalCap: a.opts.PhysicalCap, Resources: a.opts.Resources, CurveKey: pub, Backend: a.backend.Name(), Assign: a.backend.CanAssign(), At: now.UTC()}
-	_, _, err := a.Log.Append(ctx, a.Log.New(now, online), nil)
+	_, err := a.Log.AppendConfirmed(ctx, a.Log.New(now, online), nil)
 	return err
 }
 

@@ -19,7 +19,7 @@ func (a *Agent) drain(ctx context.Context) {
 	at := a.opts.Now()
 	ev := a.Log.New(at, events.HostDraining{HostChange: events.HostChange{Host: a.opts.Host, At: at, By: "vmagent",
 		Reason: "agent received SIGTERM; running jobs may finish for up to " + a.opts.ShutdownTimeout.String()}})
-	if _, _, err := a.Log.Append(ctx, ev, nil); err != nil {
+	if _, err := a.Log.AppendConfirmed(ctx, ev, nil); err != nil {
 		logger.Warn("could not announce the drain; stopping anyway", "err", err)
 	}
 	a.Loop.Post(ctx, func() { a.draining = true })

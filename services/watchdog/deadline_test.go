@@ -41,19 +41,9 @@ func TestAFakeClockDrivesTheProvisioningDeadlineThroughTheRealLoop(t *testing.T)
 			t.Fatal(err)
 		}
 	}
-	p := watchdog.Params{ProvisionTimeout: 10 * time.Minute, HostTTL: 24 * time.Hour, TeardownTimeout: time.Hour}
-	w := watchdog.New(js, app, p, fake, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	const tick = time.Hour
-	w.Loop.Tick = tick
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(rctx) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	w, stop := runWatchdog(ctx, t, js, app, fake, tick)
+	defer stop()
 
 	// When the watchdog has caught up and decided on the history at the
 	// start time, nothing is released.
@@ -79,6 +69,71 @@ func TestAFakeClockDrivesTheProvisioningDeadlineThroughTheRealLoop(t *testing.T)
 	}
 	if got.at.Before(start.Add(tick)) {
 		t.Fatalf("release stamped %v, before the tick at %v: not the fake clock's decision", got.at, start.Add(tick))
+	}
+}
+
+// runWatchdog runs a watchdog (provisioning deadline 10 min) on the log
+// with the fake clock, its loop ticking every tick; stop ends it.
+func runWatchdog(ctx context.Context, t *testing.T, js jetstream.JetStream, app *eventlog.Appender, fake *clock.Fake, tick time.Duration) (*watchdog.Watchdog, func()) {
+	t.Helper()
+	p := watchdog.Params{ProvisionTimeout: 10 * time.Minute, HostTTL: 24 * time.Hour, TeardownTimeout: time.Hour}
+	w := watchdog.New(js, app, p, fake, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	w.Loop.Tick = tick
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(rctx) }()
+	return w, func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// Found attacking the landed code (issue 16, F10): a fact's time was the
+// writer's word. Given a booking whose writer's clock runs an hour ahead
+// (stamped an hour after the log stored it), when the watchdog's clock
+// passes the provisioning deadline counted from when the log stored it,
+// then the slot is released; before, the deadline ran from the writer's
+// stamp, an hour later, and the slot stayed held.
+func TestADeadlineRunsFromWhenTheLogStoredTheFactNotTheWritersClock(t *testing.T) {
+	_, js, _ := testkit.NATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now().UTC()
+	fake := clock.NewFake(start)
+	app := &eventlog.Appender{JS: js, Source: "test"}
+	booked := events.SlotReserved{Pool: "linux", Host: "h-a", Attempt: events.AttemptID(8, 1), JobID: 8, N: 1, Labels: []string{"linux"}}
+	for _, p := range []events.Payload{
+		events.HostOnline{Host: "h-a", Boot: "b", PhysicalCap: 2, At: start, CurveKey: "X",
+			Pools: map[string]events.PoolSlots{"linux": {Slots: 2, Labels: []string{"linux"}}}},
+		events.JobQueued{JobRef: events.JobRef{JobID: 8, Labels: []string{"linux"}}},
+	} {
+		if _, _, err := app.Append(ctx, app.New(start, p), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := app.Append(ctx, app.New(start.Add(time.Hour), booked), nil); err != nil { // the writer's clock: an hour ahead
+		t.Fatal(err)
+	}
+	const tick = 15 * time.Minute
+	w, stop := runWatchdog(ctx, t, js, app, fake, tick)
+	defer stop()
+	testkit.Eventually(t, 20*time.Second, "the watchdog caught up with the log", w.Loop.CaughtUp)
+	fake.Advance(tick) // 15 min after the log stored the booking: past its 10 min deadline
+	var got *releasedAt
+	testkit.Eventually(t, 20*time.Second, "the slot released 15 min after the log stored its booking", func() bool {
+		if err := w.Read(ctx, func(*events.Fleet) {}); err != nil { // one whole turn
+			t.Fatal(err)
+		}
+		got = releasedIn(ctx, t, js, booked.Pool, booked.Attempt)
+		return got != nil
+	})
+	if got.reason != events.ReleaseProvisionTimeout {
+		t.Fatalf("released for %q, want %q", got.reason, events.ReleaseProvisionTimeout)
 	}
 }
 

@@ -78,6 +78,13 @@ func forbidden(role, victim string, cur jetstream.StreamConfig) []act {
 		{name: "write another's snapshot", subject: kv(events.BucketSnapshots, otherSnapshot(role)), body: `forged`},
 		{name: "write another's snapshot part", subject: kv(events.BucketSnapshots, events.SnapshotPartKey(otherSnapshot(role), 1, 0)), body: `forged`},
 	}
+	if strings.HasPrefix(role, natsauth.AgentRole("")) {
+		// Issue 16, F2: NATS cannot see a STREAM.INFO request's
+		// subjects_filter, so with that right an agent listed every
+		// subject of the log: every host, pool and attempt.
+		acts = append(acts, act{name: "list the log's subjects (stream info)", subject: api + "STREAM.INFO." + log,
+			body: `{"subjects_filter":">"}`})
+	}
 	return acts
 }
 

@@ -62,7 +62,7 @@ func TestAJobsTimelineIsItsFactsFromTheLog(t *testing.T) {
 		t.Errorf("placed row lacks its attempt, host or author: %s", placed)
 	}
 	for _, slot := range []string{"slot.reserved", "slot.released"} {
-		row := regexp.MustCompile(`(?s)<tr data-fact="`+regexp.QuoteMeta(slot)+`">(.*?)</tr>`).FindStringSubmatch(html)[1]
+		row := regexp.MustCompile(`(?s)<tr data-fact="` + regexp.QuoteMeta(slot) + `">(.*?)</tr>`).FindStringSubmatch(html)[1]
 		if !strings.Contains(row, "<code>"+a+"</code>") || !strings.Contains(row, "<td>host-a</td>") || !strings.Contains(row, "<td>dispatcher</td>") {
 			t.Errorf("%s row lacks its attempt, host or author (they are in its payload and subject): %s", slot, row)
 		}

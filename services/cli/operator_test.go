@@ -92,19 +92,8 @@ func lastSeq(t *testing.T, js jetstream.JetStream) uint64 {
 // released (reason operator) and the fold's invariants hold again; a second
 // release changes nothing.
 func TestOperatorReleaseOfALeakedSlot(t *testing.T) {
-	ctx, js := newLog(t)
-	app := &eventlog.Appender{JS: js, Source: "test"}
-	ref := events.AttemptRef{Attempt: "berth-9-1", Pool: "linux", Host: "h"}
-	for _, p := range []events.Payload{
-		events.HostOnline{Host: "h", Boot: "b", PhysicalCap: 2, Pools: map[string]events.PoolSlots{"linux": {Labels: []string{"linux"}, Slots: 2}}},
-		events.SlotReserved{Pool: "linux", Host: "h", Attempt: ref.Attempt, JobID: 9, N: 1},
-		events.AttemptPlaced{AttemptRef: ref, JobID: 9}, events.AttemptProvisioning{AttemptRef: ref},
-		events.AttemptStopped{AttemptRef: ref},
-	} {
-		if _, _, err := app.Append(ctx, app.New(time.Now(), p), nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ctx, js, app, ref := provisioningAttempt(t)
+	appendAll(ctx, t, app, events.AttemptStopped{AttemptRef: ref})
 	if _, err := cli.ReleaseAttempt(ctx, js, ref.Attempt, false); err != nil {
 		t.Fatal(err)
 	}
@@ -136,18 +125,7 @@ func TestOperatorReleaseOfALeakedSlot(t *testing.T) {
 // before, the server's "duplicate" answer was taken as stored, and the cli
 // said "released" for nothing.
 func TestAnOperatorsReleaseIsStoredThoughAnotherWriterTookItsIds(t *testing.T) {
-	ctx, js := newLog(t)
-	app := &eventlog.Appender{JS: js, Source: "test"}
-	ref := events.AttemptRef{Attempt: "berth-9-1", Pool: "linux", Host: "h"}
-	for _, p := range []events.Payload{
-		events.HostOnline{Host: "h", Boot: "b", PhysicalCap: 2, Pools: map[string]events.PoolSlots{"linux": {Labels: []string{"linux"}, Slots: 2}}},
-		events.SlotReserved{Pool: "linux", Host: "h", Attempt: ref.Attempt, JobID: 9, N: 1},
-		events.AttemptPlaced{AttemptRef: ref, JobID: 9}, events.AttemptProvisioning{AttemptRef: ref},
-	} {
-		if _, _, err := app.Append(ctx, app.New(time.Now(), p), nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ctx, js, app, ref := provisioningAttempt(t)
 	cliApp := &eventlog.Appender{Role: events.RoleCLI}
 	for _, p := range []events.Payload{
 		events.SlotReleased{Pool: "linux", Host: "h", Attempt: ref.Attempt, Reason: events.ReleaseOperator, JobID: 9},
@@ -223,5 +201,28 @@ func TestFollowingAnAggregateTheLogLacksSaysItWaits(t *testing.T) {
 	}
 	if strings.Count(note.String(), "waiting") != 1 {
 		t.Errorf("note printed %q; want the waiting note once", note.String())
+	}
+}
+
+// provisioningAttempt lays down host h (pool linux, 2 slots) and attempt
+// berth-9-1 booked, placed and provisioning there for job 9.
+func provisioningAttempt(t *testing.T) (context.Context, jetstream.JetStream, *eventlog.Appender, events.AttemptRef) {
+	t.Helper()
+	ctx, js := newLog(t)
+	app := &eventlog.Appender{JS: js, Source: "test"}
+	ref := events.AttemptRef{Attempt: "berth-9-1", Pool: "linux", Host: "h"}
+	appendAll(ctx, t, app,
+		events.HostOnline{Host: "h", Boot: "b", PhysicalCap: 2, Pools: map[string]events.PoolSlots{"linux": {Labels: []string{"linux"}, Slots: 2}}},
+		events.SlotReserved{Pool: "linux", Host: "h", Attempt: ref.Attempt, JobID: 9, N: 1},
+		events.AttemptPlaced{AttemptRef: ref, JobID: 9}, events.AttemptProvisioning{AttemptRef: ref})
+	return ctx, js, app, ref
+}
+
+func appendAll(ctx context.Context, t *testing.T, app *eventlog.Appender, ps ...events.Payload) {
+	t.Helper()
+	for _, p := range ps {
+		if _, _, err := app.Append(ctx, app.New(time.Now(), p), nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -72,6 +72,7 @@ type Loop struct {
 	parked      atomic.Uint64
 	refused     atomic.Uint64
 	overclaims  atomic.Uint64
+	stuckLast   stuckAnswer
 	parking     atomic.Int32 // parking records being stored
 	mismatched  atomic.Uint64
 	inbox       chan func()
@@ -436,6 +437,38 @@ func (l *Loop) Stuck(ctx context.Context, d time.Duration) (bool, uint64) {
 		return f.stuck(ctx, d)
 	}
 	return false, 0
+}
+
+// StuckLast is Stuck without waiting, for a health check: the last answer
+// (not stuck until one came), while a fresh one is asked in the background
+// (bounded by 5 s) unless a question is out. Stuck asks the server for the
+// consumer's info once nothing came for d (an idle system's normal state),
+// and during a stream leader election that takes seconds: a /healthz that
+// waited on it timed out on a service that was fine.
+func (l *Loop) StuckLast(d time.Duration) (bool, uint64) {
+	a := &l.stuckLast
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.asking {
+		a.asking = true
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			stuck, pending := l.Stuck(ctx, d)
+			cancel()
+			a.mu.Lock()
+			a.stuck, a.pending, a.asking = stuck, pending, false
+			a.mu.Unlock()
+		}()
+	}
+	return a.stuck, a.pending
+}
+
+// stuckAnswer is StuckLast's last answer and whether a question is out.
+type stuckAnswer struct {
+	mu      sync.Mutex
+	asking  bool
+	stuck   bool
+	pending uint64
 }
 
 // Lag is how many facts the server holds for this loop's durable consumer

@@ -335,47 +335,12 @@ const stuckAfter = 30 * time.Second
 // consumer is not holding facts it has stopped delivering.
 func loopHealthy(l *eventlog.Loop) (bool, map[string]any) {
 	stale := time.Since(l.LastProgress())
-	stuck, pending := stuckOf(l)
+	stuck, pending := l.StuckLast(stuckAfter) // off the request: never waits on NATS
 	ok := l.CaughtUp() && stale < 10*time.Second && !stuck
 	st := l.Stats()
 	return ok, map[string]any{"caught_up": l.CaughtUp(), "last_seq": l.LastSeq(), "loop_idle_seconds": stale.Seconds(),
 		"stuck": stuck, "undelivered": pending,
 		"parked_events": st.Parked, "refused_facts": st.Refused, "host_overclaims": st.Overclaims, "ids_taken": st.Mismatched, "consumer_recreated": st.Recreated, "log_truncated": l.Truncated()}
-}
-
-// stuckProbe is the last answer of a loop's Stuck, asked off the /healthz
-// request: Stuck asks the server for the consumer's info once the loop
-// received nothing for stuckAfter (an idle system's normal state), and
-// during a stream leader election that answer takes seconds; a health
-// check that waited for it timed out on a service that was fine.
-type stuckProbe struct {
-	mu      sync.Mutex
-	asking  bool
-	stuck   bool
-	pending uint64
-}
-
-var stuckProbes sync.Map // *eventlog.Loop → *stuckProbe
-
-// stuckOf is l's last Stuck answer (false until one came), and asks again
-// in the background unless a question is out.
-func stuckOf(l *eventlog.Loop) (bool, uint64) {
-	v, _ := stuckProbes.LoadOrStore(l, &stuckProbe{})
-	p := v.(*stuckProbe)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.asking {
-		p.asking = true
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			stuck, pending := l.Stuck(ctx, stuckAfter)
-			cancel()
-			p.mu.Lock()
-			p.stuck, p.pending, p.asking = stuck, pending, false
-			p.mu.Unlock()
-		}()
-	}
-	return p.stuck, p.pending
 }
 
 // statusHandler serves the live projection's status (GET /status), the

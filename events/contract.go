@@ -57,6 +57,10 @@ const (
 	// dispatcher). Readers: every agent, before it opens a sealed JIT
 	// config.
 	BucketTrust = "berth_trust"
+	// BucketScaleSets holds each runner scale set's lease, message
+	// session and last message id (key: scale set name); the dispatcher
+	// writes it (services/setintake).
+	BucketScaleSets = "berth_scalesets"
 )
 
 // TrustKeyDispatcher is the key in BucketTrust that trusts a dispatcher's

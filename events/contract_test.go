@@ -30,6 +30,7 @@ var pinned = []struct{ name, got, want string }{
 	{"BucketHeartbeats", events.BucketHeartbeats, "berth_heartbeats"},
 	{"BucketParked", events.BucketParked, "berth_parked"},
 	{"BucketTrust", events.BucketTrust, "berth_trust"},
+	{"BucketScaleSets", events.BucketScaleSets, "berth_scalesets"},
 
 	{"SnapshotKeyDispatcher", events.SnapshotKeyDispatcher, "dispatcher"},
 	{"SnapshotKeyWatchdog", events.SnapshotKeyWatchdog, "watchdog"},

@@ -3,6 +3,7 @@ module github.com/berth-ci/berth/tests
 go 1.26.0
 
 require (
+	github.com/actions/scaleset v0.4.0
 	github.com/chromedp/chromedp v0.23.1
 	github.com/google/go-github/v62 v62.0.0
 	github.com/nats-io/nats-server/v2 v2.15.2
@@ -40,6 +41,9 @@ require (
 	github.com/google/btree v1.1.3 // indirect
 	github.com/google/go-github/v88 v88.0.0 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
+	github.com/hashicorp/go-retryablehttp v0.7.8 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect

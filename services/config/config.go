@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -182,6 +183,40 @@ type GitHub struct {
 	// reconcile_redeliver reads; 0 with an App means the App's webhook.
 	HookID   int64  `yaml:"hook_id"`
 	HookRepo string `yaml:"hook_repo"`
+	// Intake is how jobs reach Berth: "webhooks" (the default: GitHub
+	// POSTs workflow_job deliveries to /webhook) or "scaleset" (the pools
+	// ScaleSet.Pools names are runner scale sets whose message queue the
+	// dispatcher reads; every other pool still comes through webhooks).
+	Intake   string   `yaml:"intake"`
+	ScaleSet ScaleSet `yaml:"scale_set"`
+}
+
+// Intakes: how jobs reach Berth (GitHub.Intake).
+const (
+	IntakeWebhooks = "webhooks"
+	IntakeScaleSet = "scaleset"
+)
+
+// ScaleSet configures the runner scale set intake (services/setintake).
+type ScaleSet struct {
+	// Pools are served through scale sets, one set per pool, named after
+	// it, with the pool's labels, in RunnerGroup.
+	Pools []string `yaml:"pools"`
+	// ConfigURL is what the scale sets are registered to: the
+	// organization or repository URL, e.g. https://github.com/example-org
+	// (GitHub Enterprise Server: https://HOST/ORG). Empty: derived from
+	// api_url and org.
+	ConfigURL string `yaml:"config_url"`
+	// RunnerGroup names the runner group; empty: the default group.
+	RunnerGroup string `yaml:"runner_group"`
+	// LeaseTTL is how long a set's lease in berth_scalesets may stand
+	// still before another dispatcher replica takes its session over.
+	LeaseTTL time.Duration `yaml:"lease_ttl"`
+}
+
+// ServesScaleSet reports whether pool's jobs come through a scale set.
+func (g GitHub) ServesScaleSet(pool string) bool {
+	return g.Intake == IntakeScaleSet && slices.Contains(g.ScaleSet.Pools, pool)
 }
 
 // GitHubApp is a GitHub App installation (preferred over a token: its
@@ -331,6 +366,8 @@ func (c *Config) Defaults() {
 	or(&d.RunnerSweepLimit, 20)
 	or(&d.GitHub.APIURL, "https://api.github.com/")
 	or(&d.GitHub.Scope, "org")
+	or(&d.GitHub.Intake, IntakeWebhooks)
+	or(&d.GitHub.ScaleSet.LeaseTTL, 6*time.Second)
 	or(&d.Page.Listen, "127.0.0.1:8090")
 	w := &c.Watchdog
 	or(&w.Listen, "127.0.0.1:8081")
@@ -383,6 +420,13 @@ func (c *Config) Validate() error {
 	}
 	if gh := c.Dispatcher.GitHub; gh.HookID != 0 && gh.HookRepo == "" && gh.Org == "" {
 		bad("dispatcher.github.hook_id %d: set dispatcher.github.org (an organization webhook) or hook_repo: owner/repo (a repository webhook)", gh.HookID)
+	}
+	if gh := c.Dispatcher.GitHub; gh.Intake != IntakeWebhooks && gh.Intake != IntakeScaleSet {
+		bad("dispatcher.github.intake %q: use webhooks or scaleset", gh.Intake)
+	} else if gh.Intake == IntakeScaleSet && len(gh.ScaleSet.Pools) == 0 {
+		bad("dispatcher.github.intake scaleset serves the pools dispatcher.github.scale_set.pools names: list at least one")
+	} else if gh.Intake == IntakeScaleSet && gh.ScaleSet.ConfigURL == "" && gh.Org == "" {
+		bad("dispatcher.github.scale_set.config_url: give the organization or repository URL the scale sets belong to (or set dispatcher.github.org)")
 	}
 	if r := c.Dispatcher.GitHub.HookRepo; r != "" && strings.Count(r, "/") != 1 {
 		bad("dispatcher.github.hook_repo %q: give owner/repo", r)

@@ -34,6 +34,7 @@ var ErrRunnerBusy = errors.New("runner is running a job")
 // MintRequest is what a JIT config is minted for.
 type MintRequest struct {
 	RunnerName string
+	Pool       string
 	Labels     []string
 	Org, Repo  string // the job's repository, for repo-scoped runners
 }
@@ -81,8 +82,14 @@ type Options struct {
 	// key the admin trusts (berth_trust) survives a restart; "" makes a
 	// fresh key each start (tests).
 	CurveSeedFile string
-	Now           func() time.Time
-	Logger        *slog.Logger
+	// ScaleSetJob, when set, reports whether a job with these labels is
+	// served through a runner scale set: the reconcile poll's search for
+	// queued jobs leaves those to the scale set intake, since GitHub
+	// assigns them within the capacity the intake advertises and a job
+	// still queued there is not ours yet.
+	ScaleSetJob func(labels []string) bool
+	Now         func() time.Time
+	Logger      *slog.Logger
 }
 
 // Dispatcher is the act shell around Decide: the embedded eventlog.Shell
@@ -302,7 +309,7 @@ func (d *Dispatcher) mint(ctx context.Context, a *events.Attempt) {
 		return // every call in flight: a later round mints it
 	}
 	d.MarkInFlight(key)
-	req := MintRequest{RunnerName: a.ID, Labels: a.Labels, Org: job.Org, Repo: job.Repo}
+	req := MintRequest{RunnerName: a.ID, Pool: a.Pool, Labels: a.Labels, Org: job.Org, Repo: job.Repo}
 	ref := events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}
 	jobID, sealTo, warm, booked := a.JobID, host.CurveKey, a.Warm, a.BookedSeq
 	logger := d.opts.Logger.With("attempt", a.ID, "pool", a.Pool, "host", a.Host, "job", a.JobID)
@@ -458,9 +465,17 @@ func (d *Dispatcher) reconcile(ctx context.Context, now time.Time) {
 	if len(jobs) == 0 && len(repos) == 0 {
 		return
 	}
+	// One round at a time: a round's reads may outlast Every, and rounds
+	// piling up would spend the API budget on the same jobs twice.
+	const round = "reconcile-round"
+	if d.InFlight(round) {
+		return
+	}
+	d.MarkInFlight(round)
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
+		defer d.Loop.Post(ctx, func() { d.Forget(round) })
 		defer d.findQueued(ctx, lister, repos, r.Limit)
 		for _, j := range jobs {
 			cctx, cancel := context.WithTimeout(ctx, d.opts.MintTimeout)

@@ -117,3 +117,8 @@ func MintRetryable(err error) bool {
 	}
 	return false
 }
+
+// Spare reports whether an optional search may spend the REST budget: a
+// quarter of the limit stays for JIT configs and the reads that release
+// slots (Budget.Spare).
+func (m *GitHubMinter) Spare() bool { return m.Budget.Spare(0.25) }

@@ -234,3 +234,16 @@ func (b *Budget) State() (remaining, limit int, reset, blockedUntil, seen time.T
 	defer b.mu.Unlock()
 	return b.remaining, b.limit, b.reset, b.until, b.seen
 }
+
+// Spare reports whether an optional read may spend the REST budget: more
+// than keep (a fraction, e.g. 0.25) of the limit GitHub last reported
+// remains, or nothing was reported yet. Searches that only speed up a
+// recovery (the scale set reconciler's) stop short of the reserve, which
+// stays for JIT configs and the reads that release slots.
+func (b *Budget) Spare(keep float64) bool {
+	if b == nil {
+		return true
+	}
+	remaining, limit, _, _, seen := b.State()
+	return seen.IsZero() || limit <= 0 || float64(remaining) > keep*float64(limit)
+}

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -32,7 +33,10 @@ type Reconcile struct {
 
 // ReconcileCandidates picks the jobs to ask GitHub about: queued or in
 // progress, with a runner of ours or a pool's demand at stake, and no fact
-// for longer than After; oldest first, at most Limit. It is pure.
+// for longer than After; at most Limit. Jobs in progress on our runners
+// come first, each oldest first: their runners hold slots, and a deep
+// backlog of queued jobs (which stay candidates while GitHub says they
+// wait) must not keep a lost completion from being found. It is pure.
 func ReconcileCandidates(f *events.Fleet, now time.Time, r Reconcile) []*events.Job {
 	var out []*events.Job
 	for _, j := range f.Jobs {
@@ -47,7 +51,12 @@ func ReconcileCandidates(f *events.Fleet, now time.Time, r Reconcile) []*events.
 		}
 		out = append(out, j)
 	}
-	sort.Slice(out, func(a, b int) bool { return lastFact(out[a]).Before(lastFact(out[b])) })
+	sort.Slice(out, func(a, b int) bool {
+		if ra, rb := out[a].Status == events.StatusInProgress, out[b].Status == events.StatusInProgress; ra != rb {
+			return ra
+		}
+		return lastFact(out[a]).Before(lastFact(out[b]))
+	})
 	if r.Limit > 0 && len(out) > r.Limit {
 		out = out[:r.Limit]
 	}
@@ -167,6 +176,78 @@ func (m *GitHubMinter) QueuedJobs(ctx context.Context, owner, repo string, runs 
 	return out, nil
 }
 
+// RunLister is a QueuedLister that pages: how the scale set reconciler
+// searches a backlog deeper than one page of runs.
+type RunLister interface {
+	QueuedJobsIn(ctx context.Context, owner, repo string, calls int, skip func(runID int64) bool) (jobs []QueuedJob, read []int64, err error)
+}
+
+// QueuedJobsIn implements RunLister: the repository's queued runs, then
+// those in progress (a run in progress can hold queued jobs), oldest first
+// (GitHub lists newest first, so the pages are walked from the last: the
+// jobs waiting longest are the ones a lost message hides), and the jobs of
+// each run skip does not exclude (GET …/runs/{run_id}/jobs). calls bounds
+// every call made, lists included. It returns the jobs listed queued and
+// the runs whose jobs were read. A failed call ends the read with what was
+// found so far.
+func (m *GitHubMinter) QueuedJobsIn(ctx context.Context, owner, repo string, calls int, skip func(int64) bool) ([]QueuedJob, []int64, error) {
+	var out []QueuedJob
+	var read []int64
+	list := func(status string, page int) (*github.WorkflowRuns, *github.Response, error) {
+		calls--
+		runs, resp, err := m.Client.Actions.ListRepositoryWorkflowRuns(ctx, owner, repo,
+			&github.ListWorkflowRunsOptions{Status: status, ListOptions: github.ListOptions{PerPage: 100, Page: page}})
+		m.observe(resp, err)
+		if err != nil {
+			return nil, nil, fmt.Errorf("list %s runs of %s/%s: %w", status, owner, repo, err)
+		}
+		return runs, resp, nil
+	}
+	for _, status := range []string{"queued", "in_progress"} {
+		if calls <= 0 {
+			break
+		}
+		runs, resp, err := list(status, 1)
+		if err != nil {
+			return out, read, err
+		}
+		for page := max(resp.LastPage, 1); page >= 1 && calls > 0; page-- {
+			if page != 1 {
+				if runs, _, err = list(status, page); err != nil {
+					return out, read, err
+				}
+			} else if resp.LastPage > 1 {
+				if runs, _, err = list(status, 1); err != nil { // page 1 moved on while the older pages were read
+					return out, read, err
+				}
+			}
+			for _, run := range slices.Backward(runs.WorkflowRuns) {
+				if calls <= 0 {
+					break
+				}
+				if skip != nil && skip(run.GetID()) {
+					continue
+				}
+				calls--
+				read = append(read, run.GetID())
+				jobs, resp, err := m.Client.Actions.ListWorkflowJobs(ctx, owner, repo, run.GetID(),
+					&github.ListWorkflowJobsOptions{Filter: "latest", ListOptions: github.ListOptions{PerPage: 100}})
+				m.observe(resp, err)
+				if err != nil {
+					return out, read, fmt.Errorf("list jobs of run %d: %w", run.GetID(), err)
+				}
+				for _, j := range jobs.Jobs {
+					if j.GetStatus() == "queued" {
+						out = append(out, QueuedJob{ID: j.GetID(), RunID: j.GetRunID(), RunAttempt: j.GetRunAttempt(),
+							Org: owner, Repo: repo, Name: j.GetName(), Labels: j.Labels})
+					}
+				}
+			}
+		}
+	}
+	return out, read, nil
+}
+
 func (m *GitHubMinter) observe(resp *github.Response, err error) { m.Budget.ObserveAPI(resp, err) }
 
 // findQueued runs off the loop: it lists each repository's queued jobs
@@ -189,7 +270,11 @@ func (d *Dispatcher) findQueued(ctx context.Context, lister QueuedLister, repos 
 		if err != nil {
 			d.opts.Logger.Debug("queued jobs not listed; nothing changes on a failed read", "org", rp[0], "repo", rp[1], "err", err)
 		}
-		found = append(found, jobs...)
+		for _, j := range jobs {
+			if d.opts.ScaleSetJob == nil || !d.opts.ScaleSetJob(j.Labels) {
+				found = append(found, j)
+			}
+		}
 	}
 	if len(found) == 0 {
 		return

@@ -41,6 +41,34 @@ func TestReconcileAsksAboutQuietJobsOldestFirst(t *testing.T) {
 	}
 }
 
+// Given a backlog of quiet queued jobs older than a job in progress on a
+// runner of ours (its completion lost), when a round may ask about fewer
+// jobs than the backlog holds, then the job in progress is asked about
+// first: its runner holds a slot, and the queued jobs stay candidates
+// round after round while GitHub says they wait.
+func TestReconcileAsksAboutJobsOnOurRunnersBeforeTheBacklog(t *testing.T) {
+	l := given(t).add(host("h-a", 4, 4), queued(1), queued(2), queued(3), queued(4))
+	l.apply(l.decide())
+	r := events.AttemptRef{Attempt: attempt(4, 1), Pool: "linux", Host: "h-a"}
+	l.add(&events.AttemptPlaced{AttemptRef: r, JobID: 4}, inProgress(4, r.Attempt))
+	for _, j := range l.f.Jobs {
+		j.Org, j.Repo = "example-org", "example-repo"
+	}
+	l.f.Jobs[4].StartedAt = t0.Add(time.Minute) // the newest fact of all
+	got := dispatch.ReconcileCandidates(l.f, t0.Add(10*time.Minute), recon)
+	if len(got) != 2 || got[0].ID != 4 {
+		t.Fatalf("candidates %v, want job 4 (in progress on our runner) first of 2", ids(got))
+	}
+}
+
+func ids(js []*events.Job) []int64 {
+	var out []int64
+	for _, j := range js {
+		out = append(out, j.ID)
+	}
+	return out
+}
+
 // GitHub's answer becomes the fact the lost webhook would have carried; an
 // answer that adds nothing (still queued) becomes nothing.
 func TestReconcileFactFromTheAPIsAnswer(t *testing.T) {

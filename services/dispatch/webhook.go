@@ -74,6 +74,15 @@ type Intake struct {
 	Now     func() time.Time
 	Logger  *slog.Logger
 	Metrics *Metrics
+	// ScaleSet, when set, reports whether a job with these labels is
+	// served through a runner scale set (dispatcher.github.intake
+	// scaleset): its queued deliveries are answered 202 and not stored,
+	// since a scale set's job is ours only once GitHub assigns it (its
+	// JobAssigned message). Its later deliveries are stored: the same
+	// transitions as the set's messages, under the job's own ids, so a
+	// lost message costs nothing when the webhook arrives, and a job
+	// that reached the log by webhook before its set existed still ends.
+	ScaleSet func(labels []string) bool
 }
 
 // refusal is an answer other than 2xx, decided before anything is stored.
@@ -262,6 +271,11 @@ func (in *Intake) store(w http.ResponseWriter, r *http.Request, delivery string,
 	if e.WorkflowJob == nil || e.GetWorkflowJob().GetID() <= 0 {
 		in.reply(w, http.StatusBadRequest, event, e.GetAction(), "bad_request",
 			"workflow_job payload without a job id: send GitHub's payload unchanged")
+		return
+	}
+	if in.ScaleSet != nil && e.GetAction() == "queued" && in.ScaleSet(e.GetWorkflowJob().Labels) {
+		in.reply(w, http.StatusAccepted, event, e.GetAction(), "scale_set",
+			"this job's pool is served through its runner scale set, whose messages carry it: nothing to do")
 		return
 	}
 	p := jobFact(delivery, e)

@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -523,5 +524,34 @@ func TestNoSecretRefusesEverything(t *testing.T) {
 	}
 	if n := in.total(t); n != 0 {
 		t.Fatalf("%d fact(s) stored without a secret", n)
+	}
+}
+
+// Given the intake of a dispatcher whose scale set serves the job's pool,
+// when its queued delivery arrives, then it is answered 202 "scale_set"
+// and nothing is stored: the set's JobAssigned carries the job; a job of
+// another pool is stored as before. A completed delivery of a scale set's
+// job is stored: the set's lost JobCompleted would otherwise hold its
+// slot, and a job that reached the log before its set existed must end.
+func TestWebhookForAScaleSetPoolIsAcknowledgedNotStored(t *testing.T) {
+	in := newIntake(t)
+	body := fixture(t, "workflow_job.queued.json")
+	_, labels := jobOf(t, body)
+	in.h.ScaleSet = func(l []string) bool { return slices.Equal(l, labels) }
+	if r := in.post(t, signed("workflow_job", "d-1", body)); r.code != http.StatusAccepted || r.outcome != "scale_set" {
+		t.Fatalf("delivery for a scale-set pool: %d %q, want 202 scale_set", r.code, r.outcome)
+	}
+	if n := in.total(t); n != 0 {
+		t.Fatalf("%d facts stored for a scale-set pool's delivery, want 0", n)
+	}
+	done := fixture(t, "workflow_job.completed.success.json")
+	_, doneLabels := jobOf(t, done)
+	in.h.ScaleSet = func([]string) bool { return true }
+	if r := in.post(t, signed("workflow_job", "d-3", done)); r.outcome != "stored" || in.total(t) != 1 {
+		t.Fatalf("completed delivery for a scale-set pool (labels %v): %q, %d facts; want stored, 1", doneLabels, r.outcome, in.total(t))
+	}
+	in.h.ScaleSet = func([]string) bool { return false }
+	if r := in.post(t, signed("workflow_job", "d-2", body)); r.outcome != "stored" || in.total(t) != 2 {
+		t.Fatalf("delivery for a webhook pool: %q, %d facts; want stored, 2", r.outcome, in.total(t))
 	}
 }

@@ -75,6 +75,8 @@ func BucketConfigs(replicas int) []jetstream.KeyValueConfig {
 			Replicas: r},
 		{Bucket: events.BucketTrust, Description: "keys Berth's readers trust (the dispatchers' curve public keys); written by the admin only",
 			History: 5, Replicas: r},
+		{Bucket: events.BucketScaleSets, Description: "runner scale sets' leases, message sessions and last message ids (key: scale set name); written by the dispatcher only",
+			History: 1, Replicas: r},
 	}
 }
 

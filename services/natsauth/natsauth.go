@@ -146,7 +146,7 @@ func Permissions(hosts, instances []string) []User {
 	parked := func(key string) string { return kv(events.BucketParked, key+".>") }
 	users := []User{
 		mk(RoleDispatcher, Account, concat([]string{p + ".job.>"}, authored(events.RoleDispatcher, ".pool.*", ".attempt.*.*"),
-			snapshots(events.SnapshotKeyDispatcher), []string{parked(events.SnapshotKeyDispatcher)}),
+			snapshots(events.SnapshotKeyDispatcher), []string{parked(events.SnapshotKeyDispatcher), kv(events.BucketScaleSets, ">")}),
 			concat(readerAPI(), serviceConsumers("dispatcher", instances))),
 		mk(RoleWatchdog, Account, concat(authored(events.RoleWatchdog, ".pool.*", ".attempt.*.*", ".host.*"), []string{p + ".demand.>", p + ".alarm.>"},
 			snapshots(events.SnapshotKeyWatchdog), []string{parked(events.SnapshotKeyWatchdog), kv(events.BucketHeartbeats, events.HeartbeatProbeKey)}),
@@ -176,7 +176,7 @@ func concat(ss ...[]string) []string {
 }
 
 // buckets is every KV bucket, each the stream KV_<bucket>.
-var buckets = []string{events.BucketSnapshots, events.BucketHeartbeats, events.BucketParked, events.BucketTrust}
+var buckets = []string{events.BucketSnapshots, events.BucketHeartbeats, events.BucketParked, events.BucketTrust, events.BucketScaleSets}
 
 // ownConsumer is the JetStream API of one consumer on the log that its
 // owner alone may use, by its exact name: create it (with the filter in the

@@ -383,8 +383,13 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	reg := registry()
 	metrics := dispatch.NewMetrics(reg)
 	app := &eventlog.Appender{JS: js, Source: "berth/dispatcher", Role: events.RoleDispatcher}
+	sets, err := newScaleSetIntake(ctx, js, cfg, minter, app, logger)
+	if err != nil {
+		nc.Close()
+		return nil, "", err
+	}
 	d, err := dispatch.New(&eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 500 * time.Millisecond,
-		SnapshotKey: events.SnapshotKeyDispatcher, Consumer: consumer(cfg, "dispatcher"), Replicas: cfg.NATS.Replicas}, app, minter,
+		SnapshotKey: events.SnapshotKeyDispatcher, Consumer: consumer(cfg, "dispatcher"), Replicas: cfg.NATS.Replicas}, app, sets.minterOr(minter),
 		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts, Warm: warmPools(dc.WarmPools),
 			RegistrationTimeout: cfg.Watchdog.RegistrationTimeout, ProvisionTimeout: cfg.Watchdog.ProvisionTimeout,
 			ProbeAfter: dc.ProbeAfter, ProbeMax: dc.ProbeMax}, MintTimeout: dc.MintTimeout,
@@ -392,7 +397,7 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 			Reconcile:  dispatch.Reconcile{After: dc.ReconcileAfter, Every: dc.ReconcileEvery, Limit: dc.ReconcileLimit},
 			Sweep:      dispatch.Sweep{Every: dc.RunnerSweepEvery, Grace: dc.RunnerSweepGrace, Limit: dc.RunnerSweepLimit},
 			SweepScope: dc.GitHub.Scope, SweepOrg: dc.GitHub.Org,
-			Redeliverer: redeliverer, CurveSeedFile: DispatcherKeyFile(cfg)}, metrics)
+			Redeliverer: redeliverer, CurveSeedFile: DispatcherKeyFile(cfg), ScaleSetJob: sets.serves()}, metrics)
 	if err != nil {
 		nc.Close()
 		return nil, "", err
@@ -410,6 +415,31 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 		return nil, "", fmt.Errorf("dispatcher: no webhook secret: set dispatcher.webhook_secret or webhook_secret_env (GitHub signs every delivery with it)")
 	}
 	loopMetrics(reg, d.Loop)
+	mux := dispatcherMux(reg, d, budget, sh)
+	hooks := &dispatch.Intake{Secret: []byte(secret), Log: app, Now: time.Now, Logger: logger, Metrics: metrics}
+	hooks.ScaleSet = sets.serves()
+	mux.Handle("POST /webhook", hooks)
+	addr, err := serve(ctx, s, "dispatcher", dc.Listen, mux)
+	if err != nil {
+		nc.Close()
+		return nil, "", err
+	}
+	s.goRun("dispatcher", func() error {
+		defer nc.Close()
+		return d.Run(ctx)
+	})
+	if sets != nil {
+		sets.start(ctx, s, d)
+	}
+	if err := servePage(ctx, s, cfg, d.Read, js, streamOf(sh), logger); err != nil {
+		return nil, "", err
+	}
+	logger.Info("dispatcher listening", "addr", addr, "github", dc.GitHub.APIURL)
+	return d, addr, nil
+}
+
+// dispatcherMux serves the dispatcher's /healthz, /metrics and /status.
+func dispatcherMux(reg *prometheus.Registry, d *dispatch.Dispatcher, budget *dispatch.Budget, sh *streamHealth) *http.ServeMux {
 	mux := httpx.Mux(reg, func() (bool, any) {
 		ok, detail := loopHealthy(d.Loop)
 		// GitHub's part (law 11): a refusal of the App's credentials
@@ -423,21 +453,7 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 		return sh.add(ok && reason != "auth", detail), detail
 	})
 	mux.HandleFunc("GET /status", statusHandler(func(ctx context.Context, fn func(*events.Fleet)) error { return d.Read(ctx, fn) }))
-	mux.Handle("POST /webhook", &dispatch.Intake{Secret: []byte(secret), Log: app, Now: time.Now, Logger: logger, Metrics: metrics})
-	addr, err := serve(ctx, s, "dispatcher", dc.Listen, mux)
-	if err != nil {
-		nc.Close()
-		return nil, "", err
-	}
-	s.goRun("dispatcher", func() error {
-		defer nc.Close()
-		return d.Run(ctx)
-	})
-	if err := servePage(ctx, s, cfg, d.Read, js, streamOf(sh), logger); err != nil {
-		return nil, "", err
-	}
-	logger.Info("dispatcher listening", "addr", addr, "github", dc.GitHub.APIURL)
-	return d, addr, nil
+	return mux
 }
 
 // githubClient is the dispatcher's go-github client: through the App's

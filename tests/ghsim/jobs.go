@@ -51,6 +51,9 @@ type JobView struct {
 	// Completions counts the "completed" webhooks produced for the job (not
 	// counting Redeliver); more than 1 would be a simulator bug.
 	Completions int
+	// ScaleSet is the id of the runner scale set that held the job, 0 if
+	// none (it was served through webhooks and REST runners).
+	ScaleSet int
 }
 
 // RunnerView is a snapshot of one registered (not yet deleted) runner.
@@ -82,6 +85,9 @@ type job struct {
 	startedAt       time.Time
 	completedAt     time.Time
 	completions     int
+	set             int       // scale set holding the job, 0 if none
+	setState        int       // setAvailable, setAcquired or setAssigned
+	offeredAt       time.Time // last JobAvailable
 }
 
 type runner struct {
@@ -95,6 +101,7 @@ type runner struct {
 	polling    int   // in-flight acquire requests
 	jobID      int64 // job handed to this runner
 	deleted    bool  // removed through DELETE or after its job
+	set        int   // scale set that minted the runner, 0 if REST
 }
 
 func (r *runner) online() bool { return !r.deleted && (r.polling > 0 || r.jobID != 0) }
@@ -124,6 +131,7 @@ func (s *Sim) Enqueue(spec JobSpec) int64 {
 	s.jobs = append(s.jobs, j)
 	s.jobByID[j.id] = j
 	s.emitJobLocked("queued", j)
+	s.offerLocked(j)
 	s.notifyLocked()
 	s.log.Info("job queued", "job_id", j.id, "run_id", j.runID, "labels", j.labels)
 	return j.id
@@ -147,6 +155,7 @@ func (s *Sim) Cancel(jobID int64) bool {
 	j.startedAt, j.completedAt = now, now
 	j.completions++
 	s.emitJobLocked("completed", j)
+	s.setEventLocked(j, "JobCompleted", nil)
 	s.notifyLocked()
 	s.log.Info("job cancelled", "job_id", j.id)
 	return true
@@ -163,7 +172,7 @@ func (s *Sim) Jobs() []JobView {
 			Status: j.status, Conclusion: j.conclusion,
 			RunnerID: j.runnerID, RunnerName: j.runnerName,
 			QueuedAt: j.queuedAt, StartedAt: j.startedAt, CompletedAt: j.completedAt,
-			Completions: j.completions,
+			Completions: j.completions, ScaleSet: j.set,
 		})
 	}
 	return out
@@ -216,7 +225,7 @@ func labelsMatch(jobLabels, runnerLabels []string) bool {
 // pickJobLocked returns the oldest queued, unassigned job the runner can take.
 func (s *Sim) pickJobLocked(r *runner) *job {
 	for _, j := range s.jobs {
-		if j.status == StatusQueued && j.runnerID == 0 && labelsMatch(j.labels, r.labels) {
+		if j.status == StatusQueued && j.runnerID == 0 && mayTake(r, j) {
 			return j
 		}
 	}
@@ -231,6 +240,7 @@ func (s *Sim) assignLocked(r *runner, j *job) {
 	j.runnerGroupID, j.runnerGroupName = r.groupID, runnerGroupName(r.groupID)
 	r.jobID = j.id
 	s.emitJobLocked("in_progress", j)
+	s.setEventLocked(j, "JobStarted", r)
 	s.notifyLocked()
 	s.log.Info("job assigned", "job_id", j.id, "runner", r.name, "runner_id", r.id)
 }
@@ -242,6 +252,7 @@ func (s *Sim) completeLocked(r *runner, j *job, conclusion string) {
 	j.completedAt = time.Now().UTC()
 	j.completions++
 	s.emitJobLocked("completed", j)
+	s.setEventLocked(j, "JobCompleted", r)
 	r.deleted = true
 	delete(s.runners, r.id)
 	s.notifyLocked()

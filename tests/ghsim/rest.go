@@ -77,6 +77,7 @@ func (s *Sim) routes() http.Handler {
 	rest(RouteRedeliverRepo, "POST /repos/{owner}/{repo}/hooks/{hook_id}/deliveries/{delivery_id}/attempts", s.handleRedeliverHookDelivery)
 	mux.Handle("POST /_sim/runner/acquire", s.counted(RouteRunnerAcquire, http.HandlerFunc(s.handleAcquire)))
 	mux.Handle("POST /_sim/runner/complete", s.counted(RouteRunnerComplete, http.HandlerFunc(s.handleComplete)))
+	s.scaleSetRoutes(mux)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, pattern := mux.Handler(r); pattern == "" {
 			s.count(RouteNotFound)

@@ -68,6 +68,9 @@ type Config struct {
 	// reads "remaining 0" waits for the reset, an hour: a bench that makes
 	// more calls than that in an hour measures the budget, not Berth.
 	RateLimitPerHour int
+	// ReofferAfter is how long a scale-set job may wait unacquired before
+	// it is offered again; 0 means DefaultReofferAfter.
+	ReofferAfter time.Duration
 }
 
 // Sim is a simulated GitHub. All methods are safe for concurrent use.
@@ -112,6 +115,13 @@ type Sim struct {
 
 	// route → refuse until then (Unauthorized, NotFound)
 	unauthorized map[string]refusal
+
+	// runner scale sets (scaleset*.go)
+	sets        map[int]*scaleSet
+	nextSet     int
+	regTokens   map[string]bool // registration tokens handed out
+	adminTokens map[string]bool // actions service admin tokens handed out
+	msgFault    func(MessageView) (MessageFault, time.Duration)
 }
 
 // New loads and parses the fixtures once and starts the webhook sender goroutine.
@@ -136,27 +146,30 @@ func New(cfg Config) (*Sim, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Sim{
-		cfg:        cfg,
-		log:        log.With("component", "ghsim"),
-		fx:         fx,
-		hookID:     400000000 + randInt63()%100000000,
-		acquireTTL: ttl,
-		hookClient: &http.Client{Transport: &http.Transport{}},
-		sendCtx:    ctx,
-		cancelSend: cancel,
-		wake:       make(chan struct{}, 1),
-		stop:       make(chan struct{}),
-		jobByID:    map[int64]*job{},
-		runners:    map[int64]*runner{},
-		tokens:     map[string]*runner{},
-		labelIDs:   map[string]int64{},
-		nextJobID:  20000000000 + randInt63()%1000000*1000,
-		nextRunID:  7000000000 + randInt63()%1000000*1000,
-		nextRunner: 100,
-		changed:    make(chan struct{}),
-		apiCalls:   map[string]int{},
-		rlReset:    time.Now().Add(time.Hour),
-		nextHookNo: 90000000000 + randInt63()%1000000*1000,
+		cfg:         cfg,
+		log:         log.With("component", "ghsim"),
+		fx:          fx,
+		hookID:      400000000 + randInt63()%100000000,
+		acquireTTL:  ttl,
+		hookClient:  &http.Client{Transport: &http.Transport{}},
+		sendCtx:     ctx,
+		cancelSend:  cancel,
+		wake:        make(chan struct{}, 1),
+		stop:        make(chan struct{}),
+		jobByID:     map[int64]*job{},
+		runners:     map[int64]*runner{},
+		tokens:      map[string]*runner{},
+		labelIDs:    map[string]int64{},
+		nextJobID:   20000000000 + randInt63()%1000000*1000,
+		nextRunID:   7000000000 + randInt63()%1000000*1000,
+		nextRunner:  100,
+		changed:     make(chan struct{}),
+		apiCalls:    map[string]int{},
+		rlReset:     time.Now().Add(time.Hour),
+		nextHookNo:  90000000000 + randInt63()%1000000*1000,
+		sets:        map[int]*scaleSet{},
+		regTokens:   map[string]bool{},
+		adminTokens: map[string]bool{},
 	}
 	s.handler = s.routes()
 	s.wg.Add(1)

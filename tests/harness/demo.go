@@ -41,12 +41,31 @@ type Report struct {
 	// served; TimedOut: it gave up after Options.Timeout. Unfinished jobs
 	// were not completed then (Queued of them still waiting, Running on a
 	// runner); they count as not served.
+	// Intakes splits the served jobs by how they reached Berth:
+	// "webhooks" or "scale set".
+	Intakes map[string]*IntakeReport
+
 	Interrupted, TimedOut bool
 	Unfinished            int
 	Queued, Running       int
 	NATSURL               string
 	Dispatcher            string // base URLs of the live services, for berth replay --check
 	Watchdog              string
+}
+
+// IntakeReport is the served jobs of one intake and their queued →
+// runner-took-it times.
+type IntakeReport struct {
+	Served       int
+	QueueToStart []time.Duration
+}
+
+// intakeOf names how a job reached Berth.
+func intakeOf(j ghsim.JobView) string {
+	if j.ScaleSet != 0 {
+		return "scale set"
+	}
+	return "webhooks"
 }
 
 // OK is the demo's verdict: every job served once, nothing left held or alive.
@@ -215,6 +234,16 @@ func (f *Fleet) report(ctx context.Context, rep Report) (Report, error) {
 			rep.Served++
 			rep.Conclusions[j.Conclusion]++
 			rep.QueueToStart = append(rep.QueueToStart, j.StartedAt.Sub(j.QueuedAt))
+			if rep.Intakes == nil {
+				rep.Intakes = map[string]*IntakeReport{}
+			}
+			in := rep.Intakes[intakeOf(j)]
+			if in == nil {
+				in = &IntakeReport{}
+				rep.Intakes[intakeOf(j)] = in
+			}
+			in.Served++
+			in.QueueToStart = append(in.QueueToStart, j.StartedAt.Sub(j.QueuedAt))
 			if strings.HasPrefix(j.RunnerName, "berth-warm-") {
 				rep.WarmHits++
 				rep.QueueToStartWarm = append(rep.QueueToStartWarm, j.StartedAt.Sub(j.QueuedAt))
@@ -337,6 +366,12 @@ func PrintSummary(w io.Writer, r Report, keep bool) {
 		Percentile(r.QueueToStartWarm, 50).Round(time.Millisecond), Percentile(r.QueueToStartWarm, 99).Round(time.Millisecond))
 	fmt.Fprintf(w, "  cold starts:          %d jobs, p50 %s, p99 %s (VM booked and booted for the job)\n", r.ColdStarts,
 		Percentile(r.QueueToCold, 50).Round(time.Millisecond), Percentile(r.QueueToCold, 99).Round(time.Millisecond))
+	for _, name := range []string{"webhooks", "scale set"} {
+		if in := r.Intakes[name]; in != nil && (len(r.Intakes) > 1 || name == "scale set") {
+			fmt.Fprintf(w, "  %-22s%d jobs, p50 %s, p99 %s\n", "through "+name+":", in.Served,
+				Percentile(in.QueueToStart, 50).Round(time.Millisecond), Percentile(in.QueueToStart, 99).Round(time.Millisecond))
+		}
+	}
 	fmt.Fprintf(w, "warm VMs idle at end:   %d (kept for the warm pools' targets; they hold slots of their own)\n", r.WarmIdle)
 	fmt.Fprintf(w, "slots held at the end:  %d\n", r.SlotsHeld)
 	fmt.Fprintf(w, "VMs alive at the end:   %d\n", r.VMsAlive)

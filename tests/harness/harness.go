@@ -41,6 +41,13 @@ type Options struct {
 	// step timeouts, watchdog deadlines): the scenario tests shape their
 	// fleet with it. The demo leaves it nil.
 	Tune func(*config.Config)
+	// SimTune, when set, adjusts the simulator's configuration (the
+	// scale-set tests shorten its long-poll and re-offer times).
+	SimTune func(*ghsim.Config)
+	// ScaleSetPools are served through runner scale sets
+	// (dispatcher.github.intake scaleset); the other pools through
+	// webhooks. Empty: every pool through webhooks.
+	ScaleSetPools []string
 }
 
 // Fleet is a running system plus its simulator, for tests that drive it.
@@ -78,8 +85,12 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 		return nil, err
 	}
 	secret := fmt.Sprintf("demo-secret-%d", o.Seed)
-	sim, err := ghsim.New(ghsim.Config{WebhookURL: "http://" + dispAddr + "/webhook", WebhookSecret: secret,
-		Org: "example-org", Repo: "example-repo", FixturesDir: fixtures, Logger: o.Logger, AcquireTimeout: 5 * time.Second})
+	simCfg := ghsim.Config{WebhookURL: "http://" + dispAddr + "/webhook", WebhookSecret: secret,
+		Org: "example-org", Repo: "example-repo", FixturesDir: fixtures, Logger: o.Logger, AcquireTimeout: 5 * time.Second}
+	if o.SimTune != nil {
+		o.SimTune(&simCfg)
+	}
+	sim, err := ghsim.New(simCfg)
 	if err != nil {
 		return nil, err
 	}
@@ -88,6 +99,10 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 		return nil, err
 	}
 	cfg := Config(o, root, runner, simURL, dispAddr, secret)
+	if len(o.ScaleSetPools) > 0 {
+		cfg.Dispatcher.GitHub.Intake = config.IntakeScaleSet
+		cfg.Dispatcher.GitHub.ScaleSet.Pools = o.ScaleSetPools
+	}
 	if o.Tune != nil {
 		o.Tune(cfg)
 	}

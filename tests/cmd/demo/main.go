@@ -39,7 +39,11 @@ func main() {
 	flag.DurationVar(&o.Timeout, "timeout", 4*time.Minute, "give up waiting after this long")
 	flag.BoolVar(&keep, "keep", false, "keep the system running after the summary, for `nats` and `berth status` (Ctrl-C stops)")
 	flag.StringVar(&logLevel, "log-level", "error", "service log level: debug, info, warn, error (warn shows demand waiting for slots)")
+	scaleSets := flag.String("scale-set-pools", "macos", "pools served through runner scale sets, comma-separated (\"\": every pool through webhooks); the summary splits queue times by intake")
 	flag.Parse()
+	if *scaleSets != "" {
+		o.ScaleSetPools = strings.Split(*scaleSets, ",")
+	}
 
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(logLevel))

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -574,7 +575,15 @@ func TestHAProfileSurvivesTheStreamLeadersDeath(t *testing.T) {
 	online := events.HostOnline{Host: host, Boot: s.project, PhysicalCap: 1, Backend: "exec", At: now,
 		Pools: map[string]events.PoolSlots{"linux": {Labels: []string{"linux", "self-hosted"}, Slots: 1}}}
 	granted := events.GrantClaim(online)
-	for _, p := range []events.Payload{&granted, &online} {
+	// And a host nobody granted, over-claiming: its announcement is parked
+	// and alarmed (the watchdogs' /healthz is 503 while the alarm stands,
+	// by design). Once, such a host plus the leader's death below made the
+	// dispatchers' /healthz time out: its stream check waited on the
+	// election inside the request. The dispatchers' health must answer.
+	const ungranted = "ha-ungranted"
+	overclaim := online
+	overclaim.Host, overclaim.Boot = ungranted, s.project+"-ungranted"
+	for _, p := range []events.Payload{&granted, &online, &overclaim} {
 		ev := events.New("berth/tests/compose", now, p)
 		body, err := events.Marshal(ev)
 		if err != nil {
@@ -602,6 +611,42 @@ func TestHAProfileSurvivesTheStreamLeadersDeath(t *testing.T) {
 		}
 		return string(out), err
 	}
+	testkit.Poll(t, ctx, 30*time.Second, 200*time.Millisecond, "each dispatcher parks the ungranted host's claim", func(ctx context.Context) error {
+		for _, svc := range haDispatchers {
+			var st events.Status
+			if err := get(ctx, services[svc]+"/status", &st); err != nil {
+				return fmt.Errorf("%s: %w", svc, err)
+			}
+			i := slices.IndexFunc(st.Hosts, func(h events.HostStatus) bool { return h.Name == ungranted })
+			offered := 0
+			if i >= 0 {
+				for _, n := range st.Hosts[i].Slots {
+					offered += n
+				}
+			}
+			if i < 0 || !st.Hosts[i].Ungranted || len(st.Hosts[i].Overclaim) == 0 || offered != 0 {
+				return fmt.Errorf("%s: host %s not shown over-claiming and offered nothing", svc, ungranted)
+			}
+		}
+		return nil
+	})
+	// answers asks each dispatcher's /healthz with a 3 s deadline; a
+	// request that ran out of it is the failure this test exists for.
+	answers := func(ctx context.Context) error {
+		for _, svc := range haDispatchers {
+			hctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			err := get(hctx, services[svc]+"/healthz", nil)
+			cancel()
+			if errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("%s /healthz did not answer within 3 s with an over-claim parked: %v", svc, err)
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", svc, err)
+			}
+		}
+		return nil
+	}
+	testkit.Poll(t, ctx, 30*time.Second, 200*time.Millisecond, "each dispatcher's /healthz 200 with an over-claim parked", answers)
 	before, after := "before the leader died", "after the leader died"
 	if out, err := cli(ctx, "cordon", host, "--reason", before); err != nil {
 		t.Fatal(err)
@@ -630,6 +675,7 @@ func TestHAProfileSurvivesTheStreamLeadersDeath(t *testing.T) {
 	t.Logf("[%s] killed %s, the stream's leader (container %.12s)", since(), leader, id)
 
 	took = testkit.Poll(t, ctx, 20*time.Second, 200*time.Millisecond, "a new stream leader", func(ctx context.Context) error {
+		_ = answers(ctx) // during the election: a 503 may be right, no answer never is
 		i, err := streamInfo(ctx, js)
 		if err != nil {
 			return err
@@ -641,6 +687,8 @@ func TestHAProfileSurvivesTheStreamLeadersDeath(t *testing.T) {
 		return nil
 	})
 	t.Logf("[%s] new leader after %v: %s", since(), took.Round(10*time.Millisecond), peers(info))
+	took = testkit.Poll(t, ctx, 20*time.Second, 200*time.Millisecond, "each dispatcher's /healthz 200 after the election", answers)
+	t.Logf("[%s] both dispatchers healthy %v after the new leader, the over-claim still parked", since(), took.Round(10*time.Millisecond))
 
 	var tries int
 	testkit.Poll(t, ctx, 20*time.Second, 200*time.Millisecond, "berth cordon after the kill", func(ctx context.Context) error {
@@ -681,6 +729,14 @@ func TestHAProfileSurvivesTheStreamLeadersDeath(t *testing.T) {
 	t.Logf("facts on %s: %s", events.HostSubject(host), strings.Join(history, "; "))
 	if count[before] != 1 || count[after] != 1 || len(count) != 2 {
 		t.Fatalf("cordon facts by reason: %v; want each of %q and %q exactly once", count, before, after)
+	}
+
+	// The admin grants the over-claiming host what it claims: the
+	// watchdogs clear its alarm, so every service can be healthy below.
+	if out, err := cli(ctx, "trust", "host", ungranted, "--pool", "linux=1:linux,self-hosted", "--cap", "1"); err != nil {
+		t.Fatal(err)
+	} else {
+		t.Logf("[%s] %s", since(), strings.TrimSpace(out))
 	}
 
 	// Every service is healthy and has folded the fact appended after the

@@ -8,8 +8,6 @@ import (
 // Metrics counts what the intake did; read with Snapshot.
 type Metrics struct {
 	Sessions, Messages, Facts, Skipped, Reconciled atomic.Int64
-	// RunnersGone counts idle runners found removed at GitHub.
-	RunnersGone atomic.Int64
 
 	mu       sync.Mutex
 	capacity map[string]int

@@ -1,6 +1,7 @@
 package setintake
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -108,6 +109,9 @@ type Minter struct {
 	// for one is never minted through the REST API, even before its set
 	// is known, since a REST runner is never given a scale set's job.
 	Pools []string
+	// SetWait bounds how long a mint waits for its pool's set at start;
+	// 0: 3 s.
+	SetWait time.Duration
 }
 
 // ErrSetNotReady: the pool's scale set is not created yet; the mint is
@@ -123,7 +127,7 @@ func (m *Minter) Mint(ctx context.Context, r dispatch.MintRequest) (int64, strin
 		// after the dispatcher's in-flight mark expires (seconds during
 		// which another job's runner takes this job, and so on down the
 		// queue).
-		id, ok = m.Sets.await(ctx, r.Labels, setWait)
+		id, ok = m.Sets.await(ctx, r.Labels, cmp.Or(m.SetWait, setWait))
 	}
 	switch {
 	case !ok && (m.Sets.pending(r.Labels) || slices.Contains(m.Pools, r.Pool)):

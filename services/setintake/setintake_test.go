@@ -160,7 +160,7 @@ func TestLeaseIsTakenOverOnlyAfterItStandsStillForItsTTL(t *testing.T) {
 // goes to the REST API: a REST runner is never given a scale set's job, so
 // its slot would be held for nothing.
 func TestAScaleSetPoolsRunnerIsNeverMintedThroughTheRESTAPI(t *testing.T) {
-	m := &Minter{Sets: &Sets{}, Pools: []string{"linux"}} // no REST minter: reaching it panics
+	m := &Minter{Sets: &Sets{}, Pools: []string{"linux"}, SetWait: 10 * time.Millisecond} // no REST minter: reaching it panics
 	_, _, err := m.Mint(t.Context(), dispatch.MintRequest{RunnerName: "berth-1-1", Pool: "linux", Labels: []string{"self-hosted", "linux"}})
 	if !errors.Is(err, ErrSetNotReady) || !dispatch.MintRetryable(err) {
 		t.Fatalf("mint before the set exists: %v; want ErrSetNotReady, retried", err)

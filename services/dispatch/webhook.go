@@ -278,6 +278,11 @@ func (in *Intake) store(w http.ResponseWriter, r *http.Request, delivery string,
 			"this job's pool is served through its runner scale set, whose messages carry it: nothing to do")
 		return
 	}
+	if in.ScaleSet != nil && in.ScaleSet(e.GetWorkflowJob().Labels) {
+		// Stored under the job's own id (no delivery), the id the set's
+		// message stores the same transition under: the log keeps one.
+		delivery = ""
+	}
 	p := jobFact(delivery, e)
 	if p == nil {
 		in.reply(w, http.StatusAccepted, event, e.GetAction(), "ignored", "action not tracked")

@@ -550,6 +550,12 @@ func TestWebhookForAScaleSetPoolIsAcknowledgedNotStored(t *testing.T) {
 	if r := in.post(t, signed("workflow_job", "d-3", done)); r.outcome != "stored" || in.total(t) != 1 {
 		t.Fatalf("completed delivery for a scale-set pool (labels %v): %q, %d facts; want stored, 1", doneLabels, r.outcome, in.total(t))
 	}
+	// Under the job's own id, as the set's JobCompleted is: the same
+	// transition from both is stored once.
+	doneID, _ := jobOf(t, done)
+	if r := in.post(t, signed("workflow_job", "d-4", done)); r.outcome != "duplicate" || in.total(t) != 1 {
+		t.Fatalf("the same completion again (job %d, another delivery): %q, %d facts; want duplicate, 1", doneID, r.outcome, in.total(t))
+	}
 	in.h.ScaleSet = func([]string) bool { return false }
 	if r := in.post(t, signed("workflow_job", "d-2", body)); r.outcome != "stored" || in.total(t) != 2 {
 		t.Fatalf("delivery for a webhook pool: %q, %d facts; want stored, 2", r.outcome, in.total(t))

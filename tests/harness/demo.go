@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/config"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/tests/ghsim"
 )
@@ -44,6 +45,9 @@ type Report struct {
 	// Intakes splits the served jobs by how they reached Berth:
 	// "webhooks" or "scale set".
 	Intakes map[string]*IntakeReport
+	// ScaleSetPools are the pools served through scale sets (the rest
+	// through webhooks), for the summary's labels.
+	ScaleSetPools []string
 
 	Interrupted, TimedOut bool
 	Unfinished            int
@@ -58,6 +62,14 @@ type Report struct {
 type IntakeReport struct {
 	Served       int
 	QueueToStart []time.Duration
+}
+
+// times is "p50 X, p99 Y" of ds, or "none" without samples.
+func times(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("p50 %s, p99 %s", Percentile(ds, 50).Round(time.Millisecond), Percentile(ds, 99).Round(time.Millisecond))
 }
 
 // intakeOf names how a job reached Berth.
@@ -216,6 +228,9 @@ func progressLine(jobs []ghsim.JobView, total int, st events.Status) string {
 }
 
 func (f *Fleet) report(ctx context.Context, rep Report) (Report, error) {
+	if f.Config.Dispatcher.GitHub.Intake == config.IntakeScaleSet {
+		rep.ScaleSetPools = f.Config.Dispatcher.GitHub.ScaleSet.Pools
+	}
 	var live *events.Fleet
 	var liveStatus events.Status
 	err := f.Sys.Dispatcher.Read(ctx, func(fl *events.Fleet) {
@@ -361,20 +376,22 @@ func PrintSummary(w io.Writer, r Report, keep bool) {
 		fmt.Fprintf(w, "; %d not yet sent by the simulator", notSent)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "queued → runner online: p50 %s, p99 %s\n", Percentile(r.QueueToStart, 50).Round(time.Millisecond), Percentile(r.QueueToStart, 99).Round(time.Millisecond))
-	fmt.Fprintf(w, "  warm hits:            %d jobs, p50 %s, p99 %s (on a VM booted before the job)\n", r.WarmHits,
-		Percentile(r.QueueToStartWarm, 50).Round(time.Millisecond), Percentile(r.QueueToStartWarm, 99).Round(time.Millisecond))
-	fmt.Fprintf(w, "  cold starts:          %d jobs, p50 %s, p99 %s (VM booked and booted for the job)\n", r.ColdStarts,
-		Percentile(r.QueueToCold, 50).Round(time.Millisecond), Percentile(r.QueueToCold, 99).Round(time.Millisecond))
+	fmt.Fprintf(w, "queued → runner online: %s\n", times(r.QueueToStart))
+	fmt.Fprintf(w, "  warm hits:            %d jobs, %s (on a VM booted before the job)\n", r.WarmHits, times(r.QueueToStartWarm))
+	fmt.Fprintf(w, "  cold starts:          %d jobs, %s (VM booked and booted for the job)\n", r.ColdStarts, times(r.QueueToCold))
+	sets := strings.Join(r.ScaleSetPools, ", ")
 	for _, name := range []string{"webhooks", "scale set"} {
 		if in := r.Intakes[name]; in != nil && (len(r.Intakes) > 1 || name == "scale set") {
-			fmt.Fprintf(w, "  %-22s%d jobs, p50 %s, p99 %s\n", "through "+name+":", in.Served,
-				Percentile(in.QueueToStart, 50).Round(time.Millisecond), Percentile(in.QueueToStart, 99).Round(time.Millisecond))
+			label := "through webhooks (the other pools)"
+			if name == "scale set" {
+				label = "through scale set (" + sets + ")"
+			}
+			fmt.Fprintf(w, "  %s: %d jobs, %s\n", label, in.Served, times(in.QueueToStart))
 		}
 	}
 	fmt.Fprintf(w, "warm VMs idle at end:   %d (kept for the warm pools' targets; they hold slots of their own)\n", r.WarmIdle)
-	fmt.Fprintf(w, "slots held at the end:  %d\n", r.SlotsHeld)
-	fmt.Fprintf(w, "VMs alive at the end:   %d\n", r.VMsAlive)
+	fmt.Fprintf(w, "slots held at the end:  %d (not counting the idle warm VMs')\n", r.SlotsHeld)
+	fmt.Fprintf(w, "VMs alive at the end:   %d (not counting the idle warm VMs)\n", r.VMsAlive)
 	fmt.Fprintf(w, "attempts:               %d; events in the log: %d\n", r.Attempts, r.Events)
 	if r.Interrupted {
 		fmt.Fprintln(w, "replay equals live:     not checked (interrupted)")

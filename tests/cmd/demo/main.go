@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -37,7 +38,7 @@ func main() {
 	flag.StringVar(&o.DataDir, "data", "", "data directory (default: a fresh temporary one)")
 	flag.StringVar(&o.NATSListen, "nats-listen", "127.0.0.1:4222", "embedded NATS address (127.0.0.1:0 for any free port)")
 	flag.DurationVar(&o.Timeout, "timeout", 4*time.Minute, "give up waiting after this long")
-	flag.BoolVar(&keep, "keep", false, "keep the system running after the summary, for `nats` and `berth status` (Ctrl-C stops)")
+	flag.BoolVar(&keep, "keep", false, "keep the system running after the summary, for the nats CLI and berth status (Ctrl-C stops)")
 	flag.StringVar(&logLevel, "log-level", "error", "service log level: debug, info, warn, error (warn shows demand waiting for slots)")
 	scaleSets := flag.String("scale-set-pools", "macos", "pools served through runner scale sets, comma-separated (\"\": every pool through webhooks); the summary splits queue times by intake")
 	flag.Parse()
@@ -64,16 +65,23 @@ func main() {
 	defer stop()
 	// The first Ctrl-C stops the run and the system (within seconds,
 	// saying what it waits for); a second one exits at once.
+	// Listening before saying so: a second Ctrl-C sent on reading either
+	// line that promises it must find the handler there, whichever of the
+	// two goroutines says it first.
+	var armOnce sync.Once
+	arm := func() { armOnce.Do(func() { secondInterruptExits(o.DataDir) }) }
 	unwatch := context.AfterFunc(ctx, func() {
-		// Listening before saying so: a second Ctrl-C sent on reading
-		// the line must find the handler there.
-		secondInterruptExits(o.DataDir)
+		arm()
 		fmt.Println("\ninterrupted: summarising what happened, then stopping (Ctrl-C again exits at once)")
 	})
 	// Runs before stop (defers run last first): a run that ends by itself
 	// was not interrupted, though stop then cancels ctx.
 	defer unwatch()
 	fmt.Printf("Berth demo: %d jobs over pools linux (4 slots/host) and macos (2 slots/host) on hosts host-a and host-b\n", o.Jobs)
+	if len(o.ScaleSetPools) > 0 {
+		fmt.Printf("jobs reach Berth through a runner scale set for %s, through webhooks for the other pools (-scale-set-pools)\n",
+			strings.Join(o.ScaleSetPools, ", "))
+	}
 	fmt.Println("building the simulated runner (`go build ./tests/cmd/ghsim`: a minute on a cold build cache) and starting NATS, dispatcher, watchdog, 2 agents and the GitHub simulator…")
 	start := time.Now()
 	f, err := harness.Start(ctx, o)
@@ -92,6 +100,9 @@ func main() {
 	if keep && err == nil && !rep.Interrupted {
 		fmt.Println("Ctrl-C stops it.")
 		<-ctx.Done()
+	}
+	if ctx.Err() != nil {
+		arm()
 	}
 	fmt.Println("stopping… (Ctrl-C again exits at once)")
 	if serr := stopShowingProgress(f); serr != nil {

@@ -20,14 +20,14 @@ demo:
 help:
 	@awk '/^## /{sub(/^## /, ""); print "  " $$0}' $(firstword $(MAKEFILE_LIST))
 
-## test: unit, property, end-to-end and nats-CLI inspection tests
+## test: unit, property, fuzz-seed, end-to-end, fault-scenario, crash-point, compose, browser and nats-CLI tests
 test: tools
 	$(GO) vet ./events/... ./services/... ./tests/...
 	$(GO) test $(TEST_FLAGS) ./events/... ./services/... ./tests/...
 	@echo "== 3 dispatchers, 1,000 jobs at once; 1,000 jobs through a scale set losing messages (without the race detector, which slows them tenfold)"
 	BERTH_SCALESET_JOBS=1000 $(GO) test -count=1 -timeout 15m -run 'TestThreeDispatchersNeverOverbook|TestScaleSetIntakeServesEveryJobOnceThroughFaults' ./tests/e2e/
 
-## bench: the full bench suite (issue 9), about 3 minutes on 2 cores: prints a table and appends a
+## bench: the full bench suite, about 3 minutes on 2 cores: prints a table and appends a
 ## dated section to BENCHMARKS.md (BENCH_FLAGS=-no-write to only print; -h lists sizes)
 bench:
 	@mkdir -p $(BIN)
@@ -37,7 +37,7 @@ bench:
 bench-smoke:
 	$(GO) run ./tests/cmd/bench -smoke -invoked-as "make bench-smoke$(if $(BENCH_FLAGS), BENCH_FLAGS='$(BENCH_FLAGS)')" $(BENCH_FLAGS)
 
-## chaos: the chaos test at full size (issue 4): 2000 jobs through the real service processes on a
+## chaos: the chaos test at full size: 2000 jobs through the real service processes on a
 ## 3-node NATS cluster while a random part is SIGKILLed and restarted every few seconds (CHAOS_JOBS,
 ## and BERTH_CHAOS_SEED to replay a run's choices; CHAOS_JOBS=150 is the short run)
 CHAOS_JOBS ?= 2000

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -70,8 +71,13 @@ func main() {
 	// two goroutines says it first.
 	var armOnce sync.Once
 	arm := func() { armOnce.Do(func() { secondInterruptExits(o.DataDir) }) }
+	var summarised atomic.Bool // a -keep run's summary is out: Ctrl-C only stops
 	unwatch := context.AfterFunc(ctx, func() {
 		arm()
+		if summarised.Load() {
+			fmt.Println("\ninterrupted: stopping (Ctrl-C again exits at once)")
+			return
+		}
 		fmt.Println("\ninterrupted: summarising what happened, then stopping (Ctrl-C again exits at once)")
 	})
 	// Runs before stop (defers run last first): a run that ends by itself
@@ -98,6 +104,7 @@ func main() {
 	}
 	harness.PrintSummary(os.Stdout, rep, keep && err == nil && !rep.Interrupted)
 	if keep && err == nil && !rep.Interrupted {
+		summarised.Store(true)
 		fmt.Println("Ctrl-C stops it.")
 		<-ctx.Done()
 	}

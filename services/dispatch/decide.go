@@ -147,8 +147,13 @@ type Params struct {
 	// placement frees room, oldest first as always.
 	MaxUnminted int
 	// Blocked: GitHub said to wait (a rate limit); the plan books, mints
-	// and deregisters nothing until it allows calls again.
+	// and deregisters nothing until it allows calls again, except that
+	// pools Exempt says yes for still book and mint.
 	Blocked bool
+	// Exempt, when set, names the pools whose bookings spend nothing of
+	// the REST budget a rate limit stopped: a runner scale set's pools,
+	// whose JIT configs come from the actions service (its own limits).
+	Exempt func(pool string) bool
 	// Refused holds the attempts whose JIT config GitHub refused (or held
 	// back with a rate limit, or refused the App's credentials) → the
 	// release reason: the dispatcher's shell observes the answer, the plan
@@ -264,8 +269,13 @@ func decide(f *events.Fleet, p Params, demand demandSource) Plan {
 	if p.Blocked {
 		// GitHub said to wait: call it for nothing until it allows calls
 		// again (no bookings to mint for, no mints, no deregistrations);
-		// demand waits (BL-12, BL-37).
-		pl.plan.Reserve, pl.plan.Mint, pl.plan.Deregister, pl.plan.Cleanup = nil, nil, nil, nil
+		// demand waits (BL-12, BL-37). An exempt pool's bookings and
+		// mints call another API: they go on. Each pool's bookings are
+		// its own ledger's, so dropping another pool's leaves them whole.
+		blocked := func(pool string) bool { return p.Exempt == nil || !p.Exempt(pool) }
+		pl.plan.Reserve = slices.DeleteFunc(pl.plan.Reserve, func(r events.SlotReserved) bool { return blocked(r.Pool) })
+		pl.plan.Mint = slices.DeleteFunc(pl.plan.Mint, func(a *events.Attempt) bool { return blocked(a.Pool) })
+		pl.plan.Deregister, pl.plan.Cleanup = nil, nil
 	}
 	return pl.plan
 }

@@ -213,18 +213,7 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 	now := d.opts.Now()
 	params := d.opts.Params
 	params.Now, params.Refused = now, d.refused
-	if blocked, until := d.rateLimited(now); blocked {
-		params.Blocked = true
-		if !d.warnedUntil.Equal(until) {
-			d.warnedUntil = until
-			why := "GitHub rate limit"
-			if reason, _ := d.opts.Budget.Paused(now); reason == "auth" {
-				why = "GitHub refused the App's credentials"
-			}
-			d.opts.Logger.Warn(why+": no new bookings or JIT configs until then; queued jobs wait as demand",
-				"until", until.Format(time.RFC3339))
-		}
-	}
+	d.pause(now, &params)
 	d.Execute(ctx, Decide(d.Fold, params).Steps(), d.call)
 	d.reconcile(ctx, now)
 	d.sweep(ctx, now)
@@ -236,6 +225,37 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 		d.metrics.observe(d.Fold, d.opts.Params.Warm, now)
 		d.metrics.observeBudget(d.opts.Budget, now)
 	}
+}
+
+// pause sets params.Blocked while GitHub says to wait, warning once per
+// wait. A rate limit of the REST API leaves scale-set pools exempt: they
+// mint through the actions service (a refusal of the App's own
+// credentials stops them too).
+func (d *Dispatcher) pause(now time.Time, params *Params) {
+	blocked, until := d.rateLimited(now)
+	if !blocked {
+		return
+	}
+	params.Blocked = true
+	reason, _ := d.opts.Budget.Paused(now)
+	exempt := reason != "auth" && d.opts.ScaleSetJob != nil
+	if exempt {
+		labels := d.Fold.PoolLabels()
+		params.Exempt = func(pool string) bool { return d.opts.ScaleSetJob(labels[pool]) }
+	}
+	if d.warnedUntil.Equal(until) {
+		return
+	}
+	d.warnedUntil = until
+	why, which := "GitHub rate limit", ""
+	if reason == "auth" {
+		why = "GitHub refused the App's credentials"
+	}
+	if exempt {
+		which = " for webhook pools (scale-set pools go on)"
+	}
+	d.opts.Logger.Warn(why+": no new bookings or JIT configs"+which+" until then; queued jobs wait as demand",
+		"until", until.Format(time.RFC3339))
 }
 
 // call makes one of the plan's GitHub calls, for an attempt the fold still

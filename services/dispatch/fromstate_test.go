@@ -77,3 +77,26 @@ func TestABlockedRoundCallsGitHubForNothingButStillReleases(t *testing.T) {
 		t.Fatalf("%d mint calls in a blocked round", n)
 	}
 }
+
+// Given GitHub's REST rate limit and two pools with demand, one served
+// through a runner scale set (Exempt: its JIT configs come from the actions
+// service), when the dispatcher decides, then the scale set's pool is still
+// booked and minted for and the other pool waits.
+func TestARateLimitedRoundStillBooksAScaleSetsPool(t *testing.T) {
+	macos := []string{"self-hosted", "macos"}
+	h := host("h-a", 4, 8)
+	h.Pools["macos"] = events.PoolSlots{Labels: macos, Slots: 2}
+	l := given(t).add(h, queued(1), queued(2, macos...))
+	p := params
+	p.Blocked = true
+	p.Exempt = func(pool string) bool { return pool == "macos" }
+	plan := dispatch.Decide(l.f, p)
+	if len(plan.Reserve) != 1 || plan.Reserve[0].Pool != "macos" || plan.Reserve[0].JobID != 2 {
+		t.Fatalf("bookings %+v, want job 2's in macos alone", plan.Reserve)
+	}
+	l.apply(plan)
+	plan = dispatch.Decide(l.f, p)
+	if len(plan.Mint) != 1 || plan.Mint[0].Pool != "macos" {
+		t.Fatalf("mints %v, want macos's booking's alone", plan.Mint)
+	}
+}

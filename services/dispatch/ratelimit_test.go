@@ -214,3 +214,25 @@ func TestGoGitHubsOwnRefusalKeepsTheLimitGitHubGave(t *testing.T) {
 		})
 	}
 }
+
+// Given the budget GitHub's headers report, an optional search may spend
+// it only while more than the kept quarter remains; before any answer it
+// may (nothing says otherwise).
+func TestSpareKeepsAQuarterOfTheBudget(t *testing.T) {
+	b := &dispatch.Budget{}
+	if !b.Spare(0.25) {
+		t.Fatal("no answer seen yet: a search may run")
+	}
+	for _, c := range []struct {
+		remaining string
+		want      bool
+	}{{"4000", true}, {"1251", true}, {"1250", false}, {"0", false}} {
+		h := http.Header{}
+		h.Set("X-RateLimit-Limit", "5000")
+		h.Set("X-RateLimit-Remaining", c.remaining)
+		b.Observe(&http.Response{StatusCode: http.StatusOK, Header: h}, nil, time.Now())
+		if got := b.Spare(0.25); got != c.want {
+			t.Errorf("remaining %s of 5000: Spare %v, want %v", c.remaining, got, c.want)
+		}
+	}
+}

@@ -273,12 +273,12 @@ func (in *Intake) store(w http.ResponseWriter, r *http.Request, delivery string,
 			"workflow_job payload without a job id: send GitHub's payload unchanged")
 		return
 	}
-	if in.ScaleSet != nil && e.GetAction() == "queued" && in.ScaleSet(e.GetWorkflowJob().Labels) {
-		in.reply(w, http.StatusAccepted, event, e.GetAction(), "scale_set",
-			"this job's pool is served through its runner scale set, whose messages carry it: nothing to do")
-		return
-	}
 	if in.ScaleSet != nil && in.ScaleSet(e.GetWorkflowJob().Labels) {
+		if e.GetAction() == "queued" {
+			in.reply(w, http.StatusAccepted, event, e.GetAction(), "scale_set",
+				"this job's pool is served through its runner scale set, whose messages carry it: nothing to do")
+			return
+		}
 		// Stored under the job's own id (no delivery), the id the set's
 		// message stores the same transition under: the log keeps one.
 		delivery = ""

@@ -37,31 +37,23 @@ func Capacity(f *events.Fleet, pool string) int {
 }
 
 // OpenJobs counts the pool's jobs the fold holds queued or in progress:
-// what the statistics' TotalAssignedJobs is compared with.
+// what the statistics' TotalAssignedJobs is compared with. Fleet.OpenJobs
+// yields demand (queued jobs) only, so the jobs in progress are counted
+// from the live attempts bound to them (their runners are ours), each job
+// once. It reads the live indexes, never the history.
 func OpenJobs(f *events.Fleet, pool string) int {
-	queued, running := PoolJobs(f, pool)
-	return len(queued) + len(running)
-}
-
-// PoolJobs is the pool's queued jobs (its demand: Fleet.OpenJobs yields
-// demand only) and its jobs in progress on live attempts (their runners
-// are ours), each job once. It reads the live indexes, never the history.
-// The jobs must not be modified.
-func PoolJobs(f *events.Fleet, pool string) (queued, running []*events.Job) {
 	m := events.NewMatcher(f.PoolLabels())
+	n := 0
 	for j := range f.OpenJobs() {
 		if j.Status == events.StatusQueued && m.MatchJob(j) == pool {
-			queued = append(queued, j)
+			n++
 		}
 	}
-	seen := map[int64]bool{}
+	running := map[int64]bool{}
 	for a := range f.LiveAttempts() {
-		j := f.Jobs[f.BoundJob(a.ID)]
-		if a.Pool != pool || j == nil || j.Status != events.StatusInProgress || seen[j.ID] {
-			continue
+		if j := f.Jobs[f.BoundJob(a.ID)]; a.Pool == pool && j != nil && j.Status == events.StatusInProgress {
+			running[j.ID] = true
 		}
-		seen[j.ID] = true
-		running = append(running, j)
 	}
-	return queued, running
+	return n + len(running)
 }

@@ -170,24 +170,24 @@ func TestScaleSetFailoverResumesWithinSeconds(t *testing.T) {
 		}
 	}()
 	owner := func() string { s, _ := linuxSet(sim); return s.SessionOwner }
-	await(t, "one replica opens the session", 20*time.Second, func() bool { return owner() != "" })
+	testkit.Eventually(t, 20*time.Second, "one replica opens the session", func() bool { return owner() != "" })
 	holder := owner()
 	const jobs = 40
 	for range jobs / 2 {
 		sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted", "linux"}})
 	}
-	await(t, "the holder stores some facts", 20*time.Second, func() bool { return reps[holder].in.Metrics.Facts.Load() >= 5 })
+	testkit.Eventually(t, 20*time.Second, "the holder stores some facts", func() bool { return reps[holder].in.Metrics.Facts.Load() >= 5 })
 	reps[holder].kill()
 	killed := time.Now()
 	for range jobs / 2 {
 		sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted", "linux"}})
 	}
-	await(t, "another replica takes the session over", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "another replica takes the session over", func() bool {
 		o := owner()
 		return o != "" && o != holder
 	})
 	t.Logf("%s took over from %s after %v", owner(), holder, time.Since(killed).Round(time.Millisecond))
-	await(t, "every job's fact is stored", 30*time.Second, func() bool {
+	testkit.Eventually(t, 30*time.Second, "every job's fact is stored", func() bool {
 		info, err := stream.Info(ctx)
 		return err == nil && info.State.Msgs >= jobs
 	})

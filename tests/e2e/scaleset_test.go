@@ -14,6 +14,7 @@ import (
 	"github.com/berth-ci/berth/services/cli"
 	"github.com/berth-ci/berth/services/config"
 	"github.com/berth-ci/berth/services/eventlog"
+	"github.com/berth-ci/berth/services/testkit"
 	"github.com/berth-ci/berth/tests/ghsim"
 	"github.com/berth-ci/berth/tests/harness"
 )
@@ -131,20 +132,6 @@ func linuxSet(sim *ghsim.Sim) (ghsim.ScaleSetView, bool) {
 	return ghsim.ScaleSetView{}, false
 }
 
-// await polls cond every 50 ms until it holds or the deadline passes.
-func await(t *testing.T, what string, limit time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, limit)
-		}
-		<-tick.C
-	}
-}
-
 // Given the linux pool (4 slots on each of two hosts) served through its
 // scale set, when host-a is cordoned the next poll advertises 4 fewer; and
 // when 16 long jobs arrive, GitHub (the simulator) never has more of them
@@ -162,7 +149,7 @@ func TestScaleSetCapacityBoundsAssignment(t *testing.T) {
 	capacity := func(want int) func() bool {
 		return func() bool { s, ok := linuxSet(f.Sim); return ok && s.Capacity == want && s.SessionID != "" }
 	}
-	await(t, "an idle fleet advertises its 8 linux slots", 20*time.Second, capacity(8))
+	testkit.Eventually(t, 20*time.Second, "an idle fleet advertises its 8 linux slots", capacity(8))
 	nc, js, err := eventlog.Connect(f.Sys.NATSURL, "test-cordon")
 	if err != nil {
 		t.Fatal(err)
@@ -171,17 +158,17 @@ func TestScaleSetCapacityBoundsAssignment(t *testing.T) {
 	if _, err := cli.HostAction(ctx, js, "cordon", "host-a", "capacity test"); err != nil {
 		t.Fatal(err)
 	}
-	await(t, "cordoning host-a lowers the capacity to 4", 10*time.Second, capacity(4))
+	testkit.Eventually(t, 10*time.Second, "cordoning host-a lowers the capacity to 4", capacity(4))
 	if _, err := cli.HostAction(ctx, js, "uncordon", "host-a", "capacity test"); err != nil {
 		t.Fatal(err)
 	}
-	await(t, "uncordoning host-a raises it to 8", 10*time.Second, capacity(8))
+	testkit.Eventually(t, 10*time.Second, "uncordoning host-a raises it to 8", capacity(8))
 
 	for range 16 {
 		f.Sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted", "linux", "x64"}, Duration: 2 * time.Second})
 	}
 	heldBack := false
-	await(t, "16 jobs served", 90*time.Second, func() bool {
+	testkit.Eventually(t, 90*time.Second, "16 jobs served", func() bool {
 		s, _ := linuxSet(f.Sim)
 		if s.Stats["totalAssignedJobs"] > 8 {
 			t.Fatalf("GitHub assigned %d jobs to a set with 8 slots (capacity %d)", s.Stats["totalAssignedJobs"], s.Capacity)

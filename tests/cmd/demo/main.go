@@ -6,6 +6,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -159,9 +160,25 @@ func secondInterruptExits(dataDir string) {
 	}()
 }
 
+// parent is pid's parent process id from /proc (0 when unreadable).
+func parent(pid int) int {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0
+	}
+	// "pid (comm) state ppid …": comm may hold spaces, so read after ')'.
+	fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(fields) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(fields[1])
+	return ppid
+}
+
 // killRunners SIGKILLs every process running a binary under dataDir (the
 // simulated runners the agents started, each in its own process group,
-// which goes with it), so exiting at once leaves no runner behind. It
+// which goes with it) and every child of ours (a runner being started),
+// so exiting at once leaves no runner behind. It
 // reads /proc: elsewhere it kills nothing and returns 0.
 func killRunners(dataDir string) int {
 	procs, _ := os.ReadDir("/proc")
@@ -173,7 +190,9 @@ func killRunners(dataDir string) int {
 			continue
 		}
 		exe, err := os.Readlink(filepath.Join("/proc", p.Name(), "exe"))
-		if err != nil || !strings.HasPrefix(exe, dataDir+string(filepath.Separator)) {
+		// A runner an agent is starting is our child still running our
+		// own binary until its exec: it must go too, or it outlives us.
+		if err != nil || (!strings.HasPrefix(exe, dataDir+string(filepath.Separator)) && parent(pid) != os.Getpid()) {
 			continue
 		}
 		if pg, err := syscall.Getpgid(pid); err == nil && pg != own {

@@ -119,7 +119,7 @@ func (w *Watchdog) Run(ctx context.Context) error {
 	// first decision all the same, so that one that does not change during
 	// the grace is known as such.
 	w.floor = w.Now()
-	if err := w.readHeartbeats(ctx, kv); err != nil {
+	if err := w.firstRead(ctx, kv); err != nil {
 		return fmt.Errorf("read heartbeats before judging hosts: %w", err)
 	}
 	w.wg.Add(1)
@@ -149,6 +149,32 @@ func (w *Watchdog) Run(ctx context.Context) error {
 		}
 	}()
 	return w.Loop.Run(ctx, w)
+}
+
+// firstRead reads every heartbeat before the first decision, trying again
+// with back-off while the bucket does not answer (a NATS node down, its
+// replicas electing a leader): NATS's fault is no reason to exit. The
+// grace starts again once the read succeeds, since the hosts' heartbeats
+// could not be seen before. It fails only when ctx ends.
+func (w *Watchdog) firstRead(ctx context.Context, kv jetstream.KeyValue) error {
+	wait := 250 * time.Millisecond
+	for {
+		err := w.readHeartbeats(ctx, kv)
+		if err == nil {
+			w.raiseFloor(w.Now())
+			return nil
+		}
+		w.logger.Warn("heartbeats not readable yet; no host is judged until they are (is NATS up? berth status shows the stream)",
+			"err", err, "retry_in", wait)
+		t := w.Clock.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C():
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
 }
 
 // probeKey is the heartbeat bucket key the watchdog writes to see whether

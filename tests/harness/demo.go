@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -123,6 +124,12 @@ func (f *Fleet) Drive(ctx context.Context, o Options) (Report, error) {
 	if len(plan) > 1 {
 		gap = o.Arrival / time.Duration(len(plan))
 	}
+	if err := f.awaitHosts(ctx, o.Progress); err != nil {
+		if ctx.Err() != nil {
+			return f.interrupted(ctx, rep)
+		}
+		return rep, err
+	}
 	next := time.Now()
 	enqueued := 0
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -165,6 +172,45 @@ func (f *Fleet) Drive(ctx context.Context, o Options) (Report, error) {
 		}
 	}
 	return f.report(ctx, rep)
+}
+
+// awaitHosts waits until the dispatcher's projection holds every agent of
+// the fleet's config, so the first progress line counts the whole fleet's
+// slots (a new user read "linux 0/4" of 8 as a fault). It fails after 30 s,
+// naming the hosts still missing.
+func (f *Fleet) awaitHosts(ctx context.Context, progress io.Writer) error {
+	want := map[string]bool{}
+	for _, a := range f.Config.Agents {
+		want[a.Host] = true
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for said := false; ; said = true {
+		st, err := f.Status(ctx)
+		if err != nil {
+			return err
+		}
+		var missing []string
+		for h := range want {
+			if !slices.ContainsFunc(st.Hosts, func(hs events.HostStatus) bool { return hs.Name == h }) {
+				missing = append(missing, h)
+			}
+		}
+		if len(missing) == 0 {
+			return nil
+		}
+		sort.Strings(missing)
+		if time.Now().After(deadline) {
+			return fmt.Errorf("hosts %s did not register within 30 s: see their agents' logs (-v)", strings.Join(missing, ", "))
+		}
+		if !said && progress != nil {
+			fmt.Fprintf(progress, "waiting for hosts %s to register before queueing jobs…\n", strings.Join(missing, ", "))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // interrupted reports a run cut short: what happened so far, within

@@ -284,4 +284,10 @@ func TestADemoThatEndsByItselfWasNotInterrupted(t *testing.T) {
 	if !strings.Contains(string(out), "VMs alive at the end:   0") {
 		t.Errorf("VMs alive at the end is not 0:\n%s", out)
 	}
+	// Found by a new user: the first progress line counted one host's
+	// slots (linux x/4) before the second host had registered.
+	first := regexp.MustCompile(`(?m)^\[[0-9:]+\] queued.*$`).FindString(string(out))
+	if !regexp.MustCompile(`linux \d+/8, macos \d+/4`).MatchString(first) {
+		t.Errorf("the first progress line does not count both hosts' slots (linux of 8, macos of 4): %q", first)
+	}
 }

@@ -161,7 +161,7 @@ func (f *Fleet) Apply(e Event) {
 			h.Boot, h.ClaimCap, h.CurveKey, h.Backend, h.Assign = d.Boot, d.PhysicalCap, d.CurveKey, d.Backend, d.Assign
 			h.Claim = map[string]PoolSlots{}
 			for name, ps := range d.Pools {
-				h.Claim[name] = PoolSlots{Labels: NormalizeLabels(ps.Labels), Slots: ps.Slots, Shape: ps.Shape.clone()}
+				h.Claim[name] = PoolSlots{Labels: NormalizeLabels(ps.Labels), Slots: ps.Slots, Shape: ps.Shape.clone(), Installation: ps.Installation}
 			}
 			h.Resources = Resources{}
 			if d.Resources != nil {
@@ -177,7 +177,7 @@ func (f *Fleet) Apply(e Event) {
 		if s := stampOf(e); s.after(h.grant) {
 			g := GrantFor(d.Host, nil, d.PhysicalCap, d.By, d.At)
 			for name, p := range d.Pools {
-				g.Pools[name] = PoolGrant{Labels: NormalizeLabels(p.Labels), Slots: p.Slots}
+				g.Pools[name] = PoolGrant{Labels: NormalizeLabels(p.Labels), Slots: p.Slots, Installation: p.Installation}
 			}
 			h.grant, h.Grant = s, &g
 			f.offer(h)
@@ -185,7 +185,7 @@ func (f *Fleet) Apply(e Event) {
 	case *HostDraining:
 		h := f.host(d.Host)
 		if f.hostState(h, e, HostStateDraining) {
-			h.DrainedBy = AuthorOf(e.Subject)
+			h.DrainedBy, h.DrainReason = AuthorOf(e.Subject), d.Reason
 		}
 	case *HostLost:
 		f.hostState(f.host(d.Host), e, HostStateLost)
@@ -257,6 +257,9 @@ func (f *Fleet) jobFact(r JobRef, st JobStatus, at time.Time, runner, conclusion
 	j := f.job(r.JobID)
 	if j.RunID == 0 {
 		j.RunID, j.RunAttempt, j.Org, j.Repo, j.Name = r.RunID, r.RunAttempt, r.Org, r.Repo, r.Name
+	}
+	if j.Installation == "" {
+		j.Installation = r.Installation
 	}
 	if j.Labels == nil && r.Labels != nil {
 		j.Labels = NormalizeLabels(r.Labels)

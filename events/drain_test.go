@@ -46,6 +46,15 @@ func TestAnOperatorsUncordonEndsAnOperatorsDrain(t *testing.T) {
 			if got := f.Hosts["h"].State; got != tc.want {
 				t.Fatalf("host %s, want %s", got, tc.want)
 			}
+			// Found by a new user: `berth drain --reason` stored the
+			// reason, and neither status nor the page showed it.
+			want := ""
+			if tc.want == events.HostStateDraining {
+				want = change.Reason
+			}
+			if st := f.Status(); len(st.Hosts) != 1 || st.Hosts[0].DrainReason != want {
+				t.Errorf("status hosts %+v: want drain reason %q", st.Hosts, want)
+			}
 		})
 	}
 }

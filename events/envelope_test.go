@@ -16,7 +16,7 @@ var at = time.Date(2025, 3, 14, 15, 9, 26, 535897932, time.UTC)
 
 func jobRef() events.JobRef {
 	return events.JobRef{Delivery: "d-1", JobID: 42, RunID: 7, RunAttempt: 2, Org: "acme",
-		Repo: "acme/app", Name: "build", Labels: []string{"self-hosted", "macos"}}
+		Repo: "acme/app", Name: "build", Labels: []string{"self-hosted", "macos"}, Installation: "acme-cloud"}
 }
 
 func attemptRef() events.AttemptRef {
@@ -62,7 +62,7 @@ func samples() map[string]events.Payload {
 		events.TypeAttemptAbandoned: &events.AttemptAbandoned{AttemptRef: attemptRef(), Step: "stop",
 			After: 5 * time.Minute},
 		events.TypeHostOnline: &events.HostOnline{Host: "mac-1", Boot: "b-1", At: at,
-			Pools: map[string]events.PoolSlots{"macos": {Labels: []string{"self-hosted", "macos"}, Slots: 2},
+			Pools: map[string]events.PoolSlots{"macos": {Labels: []string{"self-hosted", "macos"}, Slots: 2, Installation: "acme-cloud"},
 				"macos-l": {Labels: []string{"self-hosted", "macos", "berth-size-l"}, Slots: 1,
 					Shape: &events.Shape{CPU: 8, MemoryMiB: 16384, DiskGiB: 100, Image: "xcode-16", InstanceTypes: []string{"mac2.metal"}}}},
 			PhysicalCap: 2, CurveKey: "XAGENT", Backend: "vz", Assign: true, Resources: &events.Resources{CPU: 12, MemoryMiB: 32768}},
@@ -73,7 +73,7 @@ func samples() map[string]events.Payload {
 		events.TypeHostDegraded:   &events.HostDegraded{HostChange: hostChange(), Culprit: events.CulpritHost, Failures: 3},
 		events.TypeHostRecovered:  &events.HostRecovered{HostChange: hostChange()},
 		events.TypeHostGranted: &events.HostGranted{Host: "mac-1", By: "ops", At: at, PhysicalCap: 2,
-			Pools: map[string]events.PoolGrant{"macos": {Labels: []string{"macos", "self-hosted"}, Slots: 2}}},
+			Pools: map[string]events.PoolGrant{"macos": {Labels: []string{"macos", "self-hosted"}, Slots: 2, Installation: "acme-cloud"}}},
 		events.TypeDemandWaiting: &events.DemandWaiting{Pool: "macos", Jobs: 3, OldestJobID: 40,
 			Waited: 31 * time.Second, Reason: "no free slot", At: at},
 		events.TypeAlarmRaised: &events.AlarmRaised{Key: "slot_leak/macos/berth-42-1", Kind: events.AlarmSlotLeak,

@@ -26,6 +26,7 @@ type Job struct {
 	ID, RunID, RunAttempt int64
 	Org, Repo, Name       string
 	Labels                []string
+	Installation          string // the GitHub installation it came from (JobRef.Installation)
 	Status                JobStatus
 	Conclusion            string
 	Runner                string // runner that took it, from in_progress / completed
@@ -98,6 +99,7 @@ type Host struct {
 	// subject): an operator's (cli) drain ends with an operator's
 	// uncordon; an agent's own (SIGTERM) ends when it announces again.
 	DrainedBy    Role
+	DrainReason  string // the drain's reason (HostDraining.Reason), while State is draining
 	Cordoned     bool
 	CordonReason string
 	CordonBy     string // who cordoned: an operator, or "watchdog" for the abandoned-VM cap
@@ -271,33 +273,55 @@ func (f *Fleet) Capacity(pool string) int {
 // callers must not modify it.
 func (f *Fleet) PoolLabels() map[string][]string {
 	if !f.labels.ok {
-		f.labels.byPool, f.labels.match = f.scanPoolLabels(), nil
-		f.labels.ok = true
+		f.labels.byPool, f.labels.installs = f.scanPoolLabels()
+		f.labels.match, f.labels.ok = nil, true
 	}
 	return f.labels.byPool
 }
 
-// scanPoolLabels is PoolLabels from a walk over every host.
-func (f *Fleet) scanPoolLabels() map[string][]string {
-	out := map[string][]string{}
+// PoolInstallations maps each advertised pool whose installation is named
+// to it (PoolSlots.Installation); a pool it leaves out serves the unnamed
+// installation. Kept and shared like PoolLabels.
+func (f *Fleet) PoolInstallations() map[string]string {
+	f.PoolLabels()
+	return f.labels.installs
+}
+
+// NewMatcher is a fresh Matcher over the advertised pools, their labels
+// and installations: MatchJob serves a job only from its installation's
+// pools. A caller off the fold's loop needs its own (a Matcher caches).
+func (f *Fleet) NewMatcher() *Matcher {
+	return NewMatcherIn(f.PoolLabels(), f.PoolInstallations())
+}
+
+// scanPoolLabels is PoolLabels and PoolInstallations from a walk over
+// every host.
+func (f *Fleet) scanPoolLabels() (map[string][]string, map[string]string) {
+	out, installs := map[string][]string{}, map[string]string{}
 	newest := map[string]stamp{}
 	for _, h := range f.Hosts {
 		for name, ps := range h.Pools {
 			if s, ok := newest[name]; !ok || h.online.after(s) {
 				out[name], newest[name] = ps.Labels, h.online
+				if ps.Installation != "" {
+					installs[name] = ps.Installation
+				} else {
+					delete(installs, name)
+				}
 			}
 		}
 	}
-	return out
+	return out, installs
 }
 
 // poolLabels caches PoolLabels and a Matcher over them; gen counts the
 // changes, so an index keyed by pool (live.go) knows to re-match.
 type poolLabels struct {
-	ok     bool
-	gen    uint64
-	byPool map[string][]string
-	match  *Matcher
+	ok       bool
+	gen      uint64
+	byPool   map[string][]string
+	installs map[string]string // pool → installation, when named
+	match    *Matcher
 }
 
 // poolsChanged drops the cached pool labels: a host announced other pools.
@@ -308,9 +332,9 @@ func (f *Fleet) poolsChanged() {
 
 // matcher is a Matcher over PoolLabels, kept with them.
 func (f *Fleet) matcher() *Matcher {
-	labels := f.PoolLabels()
+	f.PoolLabels() // drops a matcher over pools a host has since changed
 	if f.labels.match == nil {
-		f.labels.match = NewMatcher(labels)
+		f.labels.match = f.NewMatcher()
 	}
 	return f.labels.match
 }

@@ -18,6 +18,9 @@ const RoleAdmin Role = "admin"
 type PoolGrant struct {
 	Labels []string `json:"labels"`
 	Slots  int      `json:"slots"`
+	// Installation: the GitHub installation the pool may serve (a host
+	// cannot take another installation's jobs by claiming it).
+	Installation string `json:"installation,omitempty"`
 }
 
 // HostGranted: the admin says what a host may offer (law 10: a host's
@@ -60,7 +63,7 @@ func (g HostGranted) Cap() int {
 func GrantFor(host string, pools map[string]PoolSlots, physicalCap int, by string, at time.Time) HostGranted {
 	g := HostGranted{Host: host, Pools: map[string]PoolGrant{}, PhysicalCap: physicalCap, By: by, At: at}
 	for name, ps := range pools {
-		g.Pools[name] = PoolGrant{Labels: NormalizeLabels(ps.Labels), Slots: ps.Slots}
+		g.Pools[name] = PoolGrant{Labels: NormalizeLabels(ps.Labels), Slots: ps.Slots, Installation: ps.Installation}
 	}
 	return g
 }
@@ -91,11 +94,13 @@ func Offer(claim map[string]PoolSlots, physicalCap int, g *HostGranted) (pools m
 			over = append(over, fmt.Sprintf("pool %s is not granted", name))
 		case !slices.Equal(NormalizeLabels(c.Labels), gp.Labels):
 			over = append(over, fmt.Sprintf("pool %s claims labels %v, granted %v", name, NormalizeLabels(c.Labels), gp.Labels))
+		case c.Installation != gp.Installation:
+			over = append(over, fmt.Sprintf("pool %s claims installation %q, granted %q", name, c.Installation, gp.Installation))
 		default:
 			if c.Slots > gp.Slots {
 				over = append(over, fmt.Sprintf("pool %s claims %d slots, granted %d", name, c.Slots, gp.Slots))
 			}
-			pools[name] = PoolSlots{Labels: gp.Labels, Slots: min(c.Slots, gp.Slots), Shape: c.Shape.clone()}
+			pools[name] = PoolSlots{Labels: gp.Labels, Slots: min(c.Slots, gp.Slots), Shape: c.Shape.clone(), Installation: gp.Installation}
 		}
 	}
 	capped = min(physicalCap, g.Cap())

@@ -13,6 +13,10 @@ type PoolSlots struct {
 	// Shape is the machine the pool's VMs get (shape.go); nil: the
 	// backend's own.
 	Shape *Shape `json:"shape,omitempty"`
+	// Installation is the GitHub installation whose jobs the pool serves
+	// (empty: the only, unnamed one); pools of different installations
+	// may share labels and never serve each other's jobs.
+	Installation string `json:"installation,omitempty"`
 }
 
 // HostOnline: an agent started and advertises its pools, slots, physical VM

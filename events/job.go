@@ -17,6 +17,10 @@ type JobRef struct {
 	Repo       string   `json:"repo,omitempty"`
 	Name       string   `json:"name,omitempty"`
 	Labels     []string `json:"labels"`
+	// Installation names the GitHub installation (dispatcher.github's
+	// entry) the job came from; empty: the only, unnamed one. Only that
+	// installation's pools serve the job (PoolSlots.Installation).
+	Installation string `json:"installation,omitempty"`
 }
 
 func (r JobRef) EventSubject() string { return JobSubject(r.JobID) }

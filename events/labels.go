@@ -76,19 +76,26 @@ type Matcher struct {
 }
 
 type matcherPool struct {
-	name   string
-	labels map[string]struct{}
+	name, installation string
+	labels             map[string]struct{}
 }
 
-// NewMatcher prepares pools (name → runner labels) for matching.
-func NewMatcher(pools map[string][]string) *Matcher {
+// NewMatcher prepares pools (name → runner labels) for matching, every
+// pool serving the unnamed installation.
+func NewMatcher(pools map[string][]string) *Matcher { return NewMatcherIn(pools, nil) }
+
+// NewMatcherIn is NewMatcher where installs names the GitHub installation
+// of a pool (absent: the unnamed one): a job is matched only among the
+// pools of its own installation (Job.Installation), so two installations
+// may give pools the same labels.
+func NewMatcherIn(pools map[string][]string, installs map[string]string) *Matcher {
 	m := &Matcher{cache: map[string]string{}}
 	for name, labels := range pools {
 		set := map[string]struct{}{}
 		for _, l := range NormalizeLabels(labels) {
 			set[l] = struct{}{}
 		}
-		m.pools = append(m.pools, matcherPool{name, set})
+		m.pools = append(m.pools, matcherPool{name, installs[name], set})
 	}
 	// Most specific first, then by name: the first pool that serves wins.
 	sort.Slice(m.pools, func(i, j int) bool {
@@ -100,18 +107,24 @@ func NewMatcher(pools map[string][]string) *Matcher {
 	return m
 }
 
-// Match returns the pool that serves jobLabels, or "".
+// Match returns the pool of the unnamed installation that serves
+// jobLabels, or "".
 func (m *Matcher) Match(jobLabels []string) string {
 	job := NormalizeLabels(jobLabels)
-	return m.match(strings.Join(job, ","), job)
+	return m.match("", strings.Join(job, ","), job)
 }
 
 // MatchJob is Match for a folded job, whose labels are normalised already:
 // after the first job of a label set it costs one map lookup, no
 // allocation (Decide matches every queued job on every round).
-func (m *Matcher) MatchJob(j *Job) string { return m.match(j.LabelKey(), j.Labels) }
+// A job of a named installation is matched among that installation's
+// pools only (its cache key allocates once per lookup).
+func (m *Matcher) MatchJob(j *Job) string { return m.match(j.Installation, j.LabelKey(), j.Labels) }
 
-func (m *Matcher) match(key string, job []string) string {
+func (m *Matcher) match(installation, key string, job []string) string {
+	if installation != "" {
+		key = installation + "\x00" + key
+	}
 	if pool, ok := m.cache[key]; ok {
 		return pool
 	}
@@ -119,6 +132,9 @@ func (m *Matcher) match(key string, job []string) string {
 	if len(job) > 0 {
 	next:
 		for _, p := range m.pools {
+			if p.installation != installation {
+				continue
+			}
 			for _, l := range job {
 				if _, ok := p.labels[l]; !ok {
 					continue next

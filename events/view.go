@@ -76,11 +76,13 @@ type HeldSlot struct {
 // HostStatus is one host. LastHeartbeat is filled in by the caller from the
 // heartbeat bucket (heartbeats are not events).
 type HostStatus struct {
-	Name          string         `json:"name"`
-	State         HostState      `json:"state"`
-	Cordoned      bool           `json:"cordoned"`
-	CordonReason  string         `json:"cordon_reason,omitempty"`
-	CordonBy      string         `json:"cordoned_by,omitempty"`
+	Name         string    `json:"name"`
+	State        HostState `json:"state"`
+	Cordoned     bool      `json:"cordoned"`
+	CordonReason string    `json:"cordon_reason,omitempty"`
+	CordonBy     string    `json:"cordoned_by,omitempty"`
+	// DrainReason is why the host drains (berth drain --reason), while it does.
+	DrainReason   string         `json:"drain_reason,omitempty"`
 	PhysicalCap   int            `json:"physical_cap"`
 	LiveVMs       int            `json:"live_vms"`
 	AbandonedVMs  int            `json:"abandoned_vms"`
@@ -154,7 +156,7 @@ type statusBuilder struct {
 
 func newStatusBuilder(f *Fleet) *statusBuilder {
 	labels := f.PoolLabels()
-	b := &statusBuilder{f: f, labels: labels, match: NewMatcher(labels),
+	b := &statusBuilder{f: f, labels: labels, match: f.NewMatcher(),
 		pools: map[string]*PoolStatus{}, unbound: map[string]int{},
 		st: Status{AsOfSeq: f.LastSeq, Skipped: f.Skipped, Alarms: []AlarmView{}, Abandoned: []AbandonedVM{}}}
 	// Every configured pool is listed, even one nothing refers to yet.
@@ -253,6 +255,7 @@ func (b *statusBuilder) addJobs() {
 func (b *statusBuilder) addHosts() {
 	for _, h := range b.f.Hosts {
 		hs := HostStatus{Name: h.Name, State: h.State, Cordoned: h.Cordoned, CordonReason: h.CordonReason, CordonBy: h.CordonBy,
+			DrainReason: h.drainReason(),
 			PhysicalCap: h.PhysicalCap, LiveVMs: h.LiveVMs, AbandonedVMs: h.AbandonedVMs,
 			Slots: map[string]int{}, Held: map[string]int{},
 			Degraded: h.Health.Degraded, DegradedCulprit: h.Health.Culprit, DegradedReason: h.Health.Reason,
@@ -309,4 +312,12 @@ func (b *statusBuilder) finish() Status {
 	sort.Slice(st.Alarms, func(i, j int) bool { return st.Alarms[i].Key < st.Alarms[j].Key })
 	sort.Slice(st.Abandoned, func(i, j int) bool { return st.Abandoned[i].Attempt < st.Abandoned[j].Attempt })
 	return st
+}
+
+// drainReason is the reason of the drain h is in, "" when it is not.
+func (h *Host) drainReason() string {
+	if h.State != HostStateDraining {
+		return ""
+	}
+	return h.DrainReason
 }

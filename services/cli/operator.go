@@ -101,7 +101,7 @@ func PrintHosts(w io.Writer, st events.Status, now time.Time) error {
 		if h.LastHeartbeat != nil {
 			hb = now.Sub(*h.LastHeartbeat).Round(time.Second).String() + " ago"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%d/%d\t%d\t%s\n", h.Name, h.State, h.Cordoned, dash(h.CordonReason),
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%d/%d\t%d\t%s\n", h.Name, h.State, h.Cordoned, dash(hostReason(h)),
 			h.LiveVMs, h.PhysicalCap, h.AbandonedVMs, hb)
 	}
 	return tw.Flush()
@@ -117,8 +117,7 @@ func PrintJobs(w io.Writer, f *events.Fleet, limit int) error {
 	if limit > 0 && len(jobs) > limit {
 		jobs = jobs[:limit]
 	}
-	labels := f.PoolLabels()
-	match := events.NewMatcher(labels)
+	match := f.NewMatcher()
 	tw := tabwriter.NewWriter(w, 0, 2, 2, ' ', 0)
 	fmt.Fprintln(tw, "JOB\tSTATUS\tCONCLUSION\tPOOL\tRUNNER\tATTEMPTS\tQUEUED")
 	for _, j := range jobs {
@@ -180,4 +179,13 @@ func ReleaseAttempt(ctx context.Context, js jetstream.JetStream, attempt string,
 		return "nothing to do: it holds no slot and its VM is already being torn down or stopped", nil
 	}
 	return fmt.Sprint(done), nil
+}
+
+// hostReason is why the host takes no new jobs: its cordon's reason, else
+// its drain's.
+func hostReason(h events.HostStatus) string {
+	if h.CordonReason != "" {
+		return h.CordonReason
+	}
+	return h.DrainReason
 }

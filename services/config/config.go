@@ -164,8 +164,20 @@ type Page struct {
 // PageOff is Page.Listen's value that serves no page.
 const PageOff = "off"
 
-// GitHub is where and as whom the dispatcher calls the REST API.
+// GitHub is where and as whom the dispatcher calls the REST API: one
+// GitHub installation (an organization or repository, with a token or a
+// GitHub App installation). dispatcher.github is one such section, or a
+// list of them: the first entry is the default installation, whose jobs
+// and pools carry no installation name; every further entry has a name,
+// its jobs reach /webhook/NAME (or its scale sets), and only pools that
+// say `installation: NAME` serve them. Each has its own rate budget.
 type GitHub struct {
+	// Name names an installation after the first (pools' installation).
+	Name string `yaml:"name"`
+	// WebhookSecret (or WebhookSecretEnv) is what this installation's
+	// webhook signs with; empty: dispatcher.webhook_secret.
+	WebhookSecret    string `yaml:"webhook_secret"`
+	WebhookSecretEnv string `yaml:"webhook_secret_env"`
 	// APIURL is the REST base, e.g. https://api.github.com/ or a GitHub
 	// Enterprise Server's https://ghes.example.com/api/v3/.
 	APIURL string `yaml:"api_url"`
@@ -189,6 +201,26 @@ type GitHub struct {
 	// dispatcher reads; every other pool still comes through webhooks).
 	Intake   string   `yaml:"intake"`
 	ScaleSet ScaleSet `yaml:"scale_set"`
+	// More holds the further entries when dispatcher.github is a list
+	// (Installations gives them all, in order).
+	More []GitHub `yaml:"-"`
+}
+
+// Installations is every configured installation, the default first;
+// none of them holds More.
+func (g GitHub) Installations() []GitHub {
+	first := g
+	first.More = nil
+	return append([]GitHub{first}, g.More...)
+}
+
+// InstallationOf is the name a fact gives this installation's jobs and
+// pools: empty for the default (first) one.
+func (g GitHub) InstallationOf(i int) string {
+	if i == 0 {
+		return ""
+	}
+	return g.Installations()[i].Name
 }
 
 // Intakes: how jobs reach Berth (GitHub.Intake).
@@ -288,10 +320,13 @@ type Agent struct {
 // its VMs get, and named machine shapes a job's labels may select
 // (shapes.go).
 type Pool struct {
-	Labels  []string `yaml:"labels"`
-	Slots   int      `yaml:"slots"`
-	Machine `yaml:",inline"`
-	Shapes  map[string]Shape `yaml:"shapes"`
+	// Installation names the dispatcher.github entry whose jobs the pool
+	// serves; empty: the first (default) one.
+	Installation string   `yaml:"installation"`
+	Labels       []string `yaml:"labels"`
+	Slots        int      `yaml:"slots"`
+	Machine      `yaml:",inline"`
+	Shapes       map[string]Shape `yaml:"shapes"`
 }
 
 // Load reads, defaults and validates a file. Its mistakes are *Error
@@ -364,10 +399,10 @@ func (c *Config) Defaults() {
 	or(&d.RunnerSweepEvery, 5*time.Minute)
 	or(&d.RunnerSweepGrace, 10*time.Minute)
 	or(&d.RunnerSweepLimit, 20)
-	or(&d.GitHub.APIURL, "https://api.github.com/")
-	or(&d.GitHub.Scope, "org")
-	or(&d.GitHub.Intake, IntakeWebhooks)
-	or(&d.GitHub.ScaleSet.LeaseTTL, 6*time.Second)
+	d.GitHub.defaults()
+	for i := range d.GitHub.More {
+		d.GitHub.More[i].defaults()
+	}
 	or(&d.Page.Listen, "127.0.0.1:8090")
 	w := &c.Watchdog
 	or(&w.Listen, "127.0.0.1:8081")
@@ -409,28 +444,7 @@ func (c *Config) BackendHost(a Agent) backend.Host {
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if a := c.Dispatcher.GitHub.App; a.ID != 0 && (a.InstallationID == 0 || a.PrivateKeyFile == "") {
-		bad("dispatcher.github.app: id, installation_id and private_key_file are all needed (see the App's settings and its installation URL)")
-	}
-	if s := c.Dispatcher.GitHub.Scope; s != "org" && s != "repo" {
-		bad("dispatcher.github.scope %q: use org or repo", s)
-	}
-	if gh := c.Dispatcher.GitHub; c.Dispatcher.ReconcileRedeliver && gh.HookID == 0 && gh.App.ID == 0 {
-		bad("dispatcher.reconcile_redeliver needs the webhook whose deliveries to read: a GitHub App (dispatcher.github.app), or dispatcher.github.hook_id (with org, or hook_repo: owner/repo)")
-	}
-	if gh := c.Dispatcher.GitHub; gh.HookID != 0 && gh.HookRepo == "" && gh.Org == "" {
-		bad("dispatcher.github.hook_id %d: set dispatcher.github.org (an organization webhook) or hook_repo: owner/repo (a repository webhook)", gh.HookID)
-	}
-	if gh := c.Dispatcher.GitHub; gh.Intake != IntakeWebhooks && gh.Intake != IntakeScaleSet {
-		bad("dispatcher.github.intake %q: use webhooks or scaleset", gh.Intake)
-	} else if gh.Intake == IntakeScaleSet && len(gh.ScaleSet.Pools) == 0 {
-		bad("dispatcher.github.intake scaleset serves the pools dispatcher.github.scale_set.pools names: list at least one")
-	} else if gh.Intake == IntakeScaleSet && gh.ScaleSet.ConfigURL == "" && gh.Org == "" {
-		bad("dispatcher.github.scale_set.config_url: give the organization or repository URL the scale sets belong to (or set dispatcher.github.org)")
-	}
-	if r := c.Dispatcher.GitHub.HookRepo; r != "" && strings.Count(r, "/") != 1 {
-		bad("dispatcher.github.hook_repo %q: give owner/repo", r)
-	}
+	c.validateInstallations(bad)
 	if d := c.Dispatcher; d.RunnerSweepEvery < 0 || d.RunnerSweepGrace < 0 {
 		bad("dispatcher.runner_sweep_every %v / runner_sweep_grace %v: give positive durations (the grace outlasts a lost answer's retries: 10m)", d.RunnerSweepEvery, d.RunnerSweepGrace)
 	}
@@ -540,4 +554,74 @@ func Secret(inline, env string) string {
 		return os.Getenv(env)
 	}
 	return ""
+}
+
+func (g *GitHub) defaults() {
+	or(&g.APIURL, "https://api.github.com/")
+	or(&g.Scope, "org")
+	or(&g.Intake, IntakeWebhooks)
+	or(&g.ScaleSet.LeaseTTL, 6*time.Second)
+}
+
+// validateInstallations checks each dispatcher.github entry, their names
+// (every entry after the first has a unique one) and that each pool's
+// installation is one of them (when the config lists more than one: an
+// agent's own config may leave the dispatcher's list out).
+func (c *Config) validateInstallations(bad func(string, ...any)) {
+	all := c.Dispatcher.GitHub.Installations()
+	names := map[string]bool{}
+	for i, gh := range all {
+		at := "dispatcher.github"
+		if len(all) > 1 {
+			at = fmt.Sprintf("dispatcher.github[%d]", i)
+		}
+		c.validateGitHub(gh, at, bad)
+		switch {
+		case i == 0:
+		case gh.Name == "":
+			bad("%s.name: name every installation after the first (pools serve it with installation: NAME)", at)
+		case events.ValidName("installation", gh.Name) != nil:
+			bad("%s.name: %v", at, events.ValidName("installation", gh.Name))
+		case names[gh.Name] || gh.Name == all[0].Name:
+			bad("%s.name %q: given twice; each installation needs its own", at, gh.Name)
+		}
+		names[gh.Name] = true
+	}
+	if len(all) < 2 {
+		return
+	}
+	for i, a := range c.Agents {
+		for pool, p := range a.Pools {
+			if p.Installation != "" && (!names[p.Installation] || p.Installation == all[0].Name) {
+				bad("agents[%d].pools.%s.installation %q: name an entry of dispatcher.github after the first (leave it empty for the first, %q)",
+					i, pool, p.Installation, all[0].Name)
+			}
+		}
+	}
+}
+
+// validateGitHub checks one installation, at its dotted path.
+func (c *Config) validateGitHub(gh GitHub, at string, bad func(string, ...any)) {
+	if a := gh.App; a.ID != 0 && (a.InstallationID == 0 || a.PrivateKeyFile == "") {
+		bad("%s.app: id, installation_id and private_key_file are all needed (see the App's settings and its installation URL)", at)
+	}
+	if s := gh.Scope; s != "org" && s != "repo" {
+		bad("%s.scope %q: use org or repo", at, s)
+	}
+	if c.Dispatcher.ReconcileRedeliver && gh.HookID == 0 && gh.App.ID == 0 {
+		bad("dispatcher.reconcile_redeliver needs the webhook whose deliveries to read: a GitHub App (%[1]s.app), or %[1]s.hook_id (with org, or hook_repo: owner/repo)", at)
+	}
+	if gh.HookID != 0 && gh.HookRepo == "" && gh.Org == "" {
+		bad("%s.hook_id %d: set %[1]s.org (an organization webhook) or hook_repo: owner/repo (a repository webhook)", at, gh.HookID)
+	}
+	if gh.Intake != IntakeWebhooks && gh.Intake != IntakeScaleSet {
+		bad("%s.intake %q: use webhooks or scaleset", at, gh.Intake)
+	} else if gh.Intake == IntakeScaleSet && len(gh.ScaleSet.Pools) == 0 {
+		bad("%[1]s.intake scaleset serves the pools %[1]s.scale_set.pools names: list at least one", at)
+	} else if gh.Intake == IntakeScaleSet && gh.ScaleSet.ConfigURL == "" && gh.Org == "" {
+		bad("%[1]s.scale_set.config_url: give the organization or repository URL the scale sets belong to (or set %[1]s.org)", at)
+	}
+	if r := gh.HookRepo; r != "" && strings.Count(r, "/") != 1 {
+		bad("%s.hook_repo %q: give owner/repo", at, r)
+	}
 }

@@ -49,14 +49,14 @@ type Resources struct {
 func (a Agent) AdvertisedPools() map[string]events.PoolSlots {
 	out := map[string]events.PoolSlots{}
 	for name, p := range a.Pools {
-		out[name] = events.PoolSlots{Labels: events.NormalizeLabels(p.Labels), Slots: p.Slots, Shape: p.Machine.shape()}
+		out[name] = events.PoolSlots{Labels: events.NormalizeLabels(p.Labels), Slots: p.Slots, Shape: p.Machine.shape(), Installation: p.Installation}
 		for sname, s := range p.Shapes {
 			slots := s.Slots
 			if slots == 0 {
 				slots = p.Slots
 			}
 			labels := events.NormalizeLabels(append(slices.Clone(p.Labels), s.Labels...))
-			out[events.ShapePool(name, sname)] = events.PoolSlots{Labels: labels, Slots: slots, Shape: s.Machine.shape()}
+			out[events.ShapePool(name, sname)] = events.PoolSlots{Labels: labels, Slots: slots, Shape: s.Machine.shape(), Installation: p.Installation}
 		}
 	}
 	return out

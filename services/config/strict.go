@@ -353,3 +353,25 @@ func yamlLine(err error) int {
 	n, _ := strconv.Atoi(m[1])
 	return n
 }
+
+// decodeNode reads dispatcher.github: one section, or a list of them
+// whose first entry is the default installation (GitHub.More holds the
+// rest).
+func (g *GitHub) decodeNode(d *decoder, n *yaml.Node, at string) {
+	if n.Kind != yaml.SequenceNode {
+		d.decodeStruct(n, reflect.ValueOf(g).Elem(), at)
+		return
+	}
+	if len(n.Content) == 0 {
+		d.fail(n, at, "give at least one installation, or leave github out")
+		return
+	}
+	for i, item := range n.Content {
+		entry := g
+		if i > 0 {
+			g.More = append(g.More, GitHub{})
+			entry = &g.More[len(g.More)-1]
+		}
+		d.decodeStruct(item, reflect.ValueOf(entry).Elem(), fmt.Sprintf("%s[%d]", at, i))
+	}
+}

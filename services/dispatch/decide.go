@@ -154,6 +154,10 @@ type Params struct {
 	// the REST budget a rate limit stopped: a runner scale set's pools,
 	// whose JIT configs come from the actions service (its own limits).
 	Exempt func(pool string) bool
+	// Waits, when set, names the pools whose installation GitHub told to
+	// wait (a deregistration of another installation's runner goes on);
+	// nil: every pool waits.
+	Waits func(pool string) bool
 	// Refused holds the attempts whose JIT config GitHub refused (or held
 	// back with a rate limit, or refused the App's credentials) → the
 	// release reason: the dispatcher's shell observes the answer, the plan
@@ -275,7 +279,9 @@ func decide(f *events.Fleet, p Params, demand demandSource) Plan {
 		blocked := func(pool string) bool { return p.Exempt == nil || !p.Exempt(pool) }
 		pl.plan.Reserve = slices.DeleteFunc(pl.plan.Reserve, func(r events.SlotReserved) bool { return blocked(r.Pool) })
 		pl.plan.Mint = slices.DeleteFunc(pl.plan.Mint, func(a *events.Attempt) bool { return blocked(a.Pool) })
-		pl.plan.Deregister, pl.plan.Cleanup = nil, nil
+		waits := func(a *events.Attempt) bool { return p.Waits == nil || p.Waits(a.Pool) }
+		pl.plan.Deregister = slices.DeleteFunc(pl.plan.Deregister, waits)
+		pl.plan.Cleanup = slices.DeleteFunc(pl.plan.Cleanup, waits)
 	}
 	return pl.plan
 }

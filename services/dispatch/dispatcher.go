@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -88,8 +89,11 @@ type Options struct {
 	// assigns them within the capacity the intake advertises and a job
 	// still queued there is not ours yet.
 	ScaleSetJob func(labels []string) bool
-	Now         func() time.Time
-	Logger      *slog.Logger
+	// Installations are the GitHub installations beyond the default one
+	// (whose calls go through the Minter, Budget and Sweep scope above).
+	Installations []Installation
+	Now           func() time.Time
+	Logger        *slog.Logger
 }
 
 // Dispatcher is the act shell around Decide: the embedded eventlog.Shell
@@ -98,6 +102,7 @@ type Options struct {
 type Dispatcher struct {
 	*eventlog.Shell
 	minter   Minter
+	gh       []Installation // the default installation first (installs)
 	opts     Options
 	curve    nkeys.KeyPair
 	curvePub string
@@ -109,7 +114,7 @@ type Dispatcher struct {
 	// until the fold shows the slot released (Params.Refused).
 	refused      map[string]string
 	lastCompact  time.Time
-	warnedUntil  time.Time
+	warnedUntil  map[string]time.Time // installation → the pause last warned of
 	lastObserve  time.Time
 	started      time.Time // facts older than this are not observed as latencies
 	lastRecon    time.Time
@@ -150,7 +155,8 @@ func New(loop *eventlog.Loop, app *eventlog.Appender, m Minter, opts Options, me
 	}
 	pub, _ := kp.PublicKey()
 	d := &Dispatcher{Shell: eventlog.NewShell(loop, app, clock.WithNow(opts.Now), opts.Logger),
-		minter: m, opts: opts, curve: kp, curvePub: pub, metrics: metrics, refused: map[string]string{},
+		minter: m, gh: append([]Installation{{Minter: m, Budget: opts.Budget, SweepScope: opts.SweepScope, SweepOrg: opts.SweepOrg}},
+			opts.Installations...), opts: opts, curve: kp, curvePub: pub, metrics: metrics, refused: map[string]string{}, warnedUntil: map[string]time.Time{},
 		minting:     make(chan struct{}, opts.MintConcurrency),
 		redelivered: map[string]time.Time{}, started: opts.Now()}
 	d.Crash = map[string][2]string{
@@ -231,28 +237,47 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 // wait. A rate limit of the REST API leaves scale-set pools exempt: they
 // mint through the actions service (a refusal of the App's own
 // credentials stops them too).
+//
+// Each installation has its own budget: a pause holds only the pools of
+// the installation that must wait.
 func (d *Dispatcher) pause(now time.Time, params *Params) {
-	blocked, until := d.rateLimited(now)
-	if !blocked {
+	waits := map[string]string{} // installation → its pause's reason
+	for _, in := range d.installs() {
+		blocked, until := in.blocked(now)
+		if !blocked {
+			continue
+		}
+		reason, _ := in.Budget.Paused(now)
+		waits[in.Name] = reason
+		d.warnPause(in.Name, reason, until)
+	}
+	if len(waits) == 0 {
 		return
 	}
 	params.Blocked = true
-	reason, _ := d.opts.Budget.Paused(now)
-	exempt := reason != "auth" && d.opts.ScaleSetJob != nil
-	if exempt {
-		labels := d.Fold.PoolLabels()
-		params.Exempt = func(pool string) bool { return d.opts.ScaleSetJob(labels[pool]) }
+	installs, labels := d.Fold.PoolInstallations(), d.Fold.PoolLabels()
+	scaleSet := d.opts.ScaleSetJob
+	params.Waits = func(pool string) bool { _, w := waits[installs[pool]]; return w }
+	params.Exempt = func(pool string) bool {
+		reason, waits := waits[installs[pool]]
+		return !waits || (reason != "auth" && scaleSet != nil && scaleSet(labels[pool]))
 	}
-	if d.warnedUntil.Equal(until) {
+}
+
+// warnPause says once per wait that an installation's calls pause.
+func (d *Dispatcher) warnPause(installation, reason string, until time.Time) {
+	if d.warnedUntil[installation].Equal(until) {
 		return
 	}
-	d.warnedUntil = until
+	d.warnedUntil[installation] = until
 	why, which := "GitHub rate limit", ""
 	if reason == "auth" {
 		why = "GitHub refused the App's credentials"
-	}
-	if exempt {
+	} else if d.opts.ScaleSetJob != nil {
 		which = " for webhook pools (scale-set pools go on)"
+	}
+	if len(d.installs()) > 1 {
+		which += " of installation " + strconv.Quote(installation)
 	}
 	d.opts.Logger.Warn(why+": no new bookings or JIT configs"+which+" until then; queued jobs wait as demand",
 		"until", until.Format(time.RFC3339))
@@ -295,11 +320,9 @@ func (d *Dispatcher) housekeep(now time.Time) {
 	}
 }
 
+// rateLimited reports whether the default installation's calls wait.
 func (d *Dispatcher) rateLimited(now time.Time) (bool, time.Time) {
-	if d.opts.Budget == nil {
-		return false, time.Time{}
-	}
-	return d.opts.Budget.Blocked(now)
+	return d.installs()[0].blocked(now)
 }
 
 // mint asks GitHub for a JIT config off the loop, bounded by MintTimeout
@@ -323,6 +346,10 @@ func (d *Dispatcher) mint(ctx context.Context, a *events.Attempt) {
 	if host == nil || host.CurveKey == "" || job == nil {
 		return
 	}
+	in, ok := d.install(job.Installation)
+	if !ok {
+		return // its installation left the config: no client may mint for it
+	}
 	select {
 	case d.minting <- struct{}{}:
 	default:
@@ -340,10 +367,10 @@ func (d *Dispatcher) mint(ctx context.Context, a *events.Attempt) {
 		mctx, cancel := context.WithTimeout(ctx, d.opts.MintTimeout)
 		defer cancel()
 		start := time.Now()
-		runnerID, jit, err := d.minter.Mint(mctx, req)
+		runnerID, jit, err := in.Minter.Mint(mctx, req)
 		d.metrics.mintSeconds.Observe(time.Since(start).Seconds())
 		if err != nil {
-			d.mintFailed(ctx, ref.Attempt, warm, err, logger)
+			d.mintFailed(ctx, ref.Attempt, warm, err, in.Budget, logger)
 			return
 		}
 		crashpoint.Hit(crashpoint.DispatcherAfterMint)
@@ -377,21 +404,21 @@ func (d *Dispatcher) SealingKey() string { return d.curvePub }
 // which costs the job nothing, and pauses calls (BL-12: hold no slot while
 // GitHub says to wait; law 11); anything else leaves the booking for a
 // retry, bounded by the provisioning deadline.
-func (d *Dispatcher) mintFailed(ctx context.Context, attempt string, warm bool, err error, logger *slog.Logger) {
+func (d *Dispatcher) mintFailed(ctx context.Context, attempt string, warm bool, err error, budget *Budget, logger *slog.Logger) {
 	reason := events.ReleaseMintFailed
 	switch {
-	case RateLimited(err) && d.opts.Budget != nil:
+	case RateLimited(err) && budget != nil:
 		if warm {
 			logger.Warn("GitHub rate limit on the JIT config; the claimed warm VM waits", "err", err)
 			return
 		}
 		logger.Warn("GitHub rate limit on the JIT config; the slot goes back and the job waits as demand", "err", err)
 		reason = events.ReleaseRateLimited
-	case AuthRefused(err) && d.opts.Budget != nil:
+	case AuthRefused(err) && budget != nil:
 		// GitHub's fault, not the job's (law 11): calls pause with a
 		// back-off, the slot goes back charged to GitHub, and the job
 		// stays demand, served when GitHub takes the credentials again.
-		until := d.opts.Budget.Refused(time.Now())
+		until := budget.Refused(time.Now())
 		if warm {
 			logger.Warn("GitHub refused the App's credentials on the JIT config; the claimed warm VM waits", "err", err, "until", until)
 			return
@@ -468,26 +495,38 @@ func (d *Dispatcher) reconcile(ctx context.Context, now time.Time) {
 	if r.Every <= 0 || now.Sub(d.lastRecon) < r.Every {
 		return
 	}
-	if blocked, _ := d.rateLimited(now); blocked {
-		return
-	}
 	d.lastRecon = now
-	d.redeliver(ctx, now)
-	var jobs []events.Job // copies: the goroutine must not read the fold
-	for _, j := range ReconcileCandidates(d.Fold, now, r) {
-		jobs = append(jobs, *j)
+	if blocked, _ := d.rateLimited(now); !blocked {
+		d.redeliver(ctx, now)
 	}
-	lister, _ := d.minter.(QueuedLister)
+	candidates := ReconcileCandidates(d.Fold, now, r)
+	for _, in := range d.installs() {
+		if blocked, _ := in.blocked(now); !blocked {
+			d.reconcileIn(ctx, in, candidates, r)
+		}
+	}
+}
+
+// reconcileIn starts one installation's reconcile round: its candidates
+// read, its repositories searched for queued jobs, through its client.
+func (d *Dispatcher) reconcileIn(ctx context.Context, in Installation, candidates []*events.Job, r Reconcile) {
+	var jobs []events.Job // copies: the goroutine must not read the fold
+	for _, j := range candidates {
+		if j.Installation == in.Name {
+			jobs = append(jobs, *j)
+		}
+	}
+	lister, _ := in.Minter.(QueuedLister)
 	var repos [][2]string
 	if lister != nil {
-		repos = ReconcileRepos(d.Fold)
+		repos = d.installationRepos(in.Name)
 	}
 	if len(jobs) == 0 && len(repos) == 0 {
 		return
 	}
 	// One round at a time: a round's reads may outlast Every, and rounds
 	// piling up would spend the API budget on the same jobs twice.
-	const round = "reconcile-round"
+	round := "reconcile-round/" + in.Name
 	if d.InFlight(round) {
 		return
 	}
@@ -496,10 +535,10 @@ func (d *Dispatcher) reconcile(ctx context.Context, now time.Time) {
 	go func() {
 		defer d.wg.Done()
 		defer d.Loop.Post(ctx, func() { d.Forget(round) })
-		defer d.findQueued(ctx, lister, repos, r.Limit)
+		defer d.findQueued(ctx, in, lister, repos, r.Limit)
 		for _, j := range jobs {
 			cctx, cancel := context.WithTimeout(ctx, d.opts.MintTimeout)
-			s, err := d.minter.JobState(cctx, j.Org, j.Repo, j.ID)
+			s, err := in.Minter.JobState(cctx, j.Org, j.Repo, j.ID)
 			cancel()
 			if err != nil {
 				d.opts.Logger.Debug("reconcile read failed; nothing changes on a failed read", "job", j.ID, "err", err)
@@ -529,6 +568,10 @@ func (d *Dispatcher) deregister(ctx context.Context, a *events.Attempt) {
 	if job == nil {
 		return
 	}
+	in, ok := d.install(job.Installation)
+	if !ok {
+		return
+	}
 	d.MarkInFlight(key)
 	ref := events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}
 	runnerID, org, repo := a.RunnerID, job.Org, job.Repo
@@ -538,7 +581,7 @@ func (d *Dispatcher) deregister(ctx context.Context, a *events.Attempt) {
 		defer d.wg.Done()
 		dctx, cancel := context.WithTimeout(ctx, d.opts.MintTimeout)
 		defer cancel()
-		err := d.minter.Deregister(dctx, runnerID, org, repo)
+		err := in.Minter.Deregister(dctx, runnerID, org, repo)
 		d.Loop.Post(ctx, func() {
 			switch {
 			case errors.Is(err, ErrRunnerBusy):

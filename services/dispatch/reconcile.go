@@ -75,7 +75,8 @@ func lastFact(j *events.Job) time.Time {
 // carried, or nil when the log already knows as much. Only a positive
 // answer moves a job (law 7): an error or a 404 changes nothing.
 func ReconcileFact(j *events.Job, s JobState) events.Payload {
-	ref := events.JobRef{JobID: j.ID, RunID: j.RunID, RunAttempt: j.RunAttempt, Org: j.Org, Repo: j.Repo, Name: j.Name, Labels: j.Labels}
+	ref := events.JobRef{JobID: j.ID, RunID: j.RunID, RunAttempt: j.RunAttempt, Org: j.Org, Repo: j.Repo, Name: j.Name, Labels: j.Labels,
+		Installation: j.Installation}
 	if ref.Labels == nil {
 		ref.Labels = []string{}
 	}
@@ -124,7 +125,7 @@ func ReconcileRepos(f *events.Fleet) [][2]string {
 // the facts their lost queued webhooks would have carried (no delivery id:
 // the fact's id is job-<id>-queued, so finding a job twice stores it once).
 // It is pure.
-func UnknownQueued(f *events.Fleet, jobs []QueuedJob) []events.JobQueued {
+func UnknownQueued(f *events.Fleet, jobs []QueuedJob, installation string) []events.JobQueued {
 	var out []events.JobQueued
 	for _, q := range jobs {
 		if q.ID <= 0 || f.KnownJob(q.ID) {
@@ -135,7 +136,7 @@ func UnknownQueued(f *events.Fleet, jobs []QueuedJob) []events.JobQueued {
 			labels = []string{}
 		}
 		out = append(out, events.JobQueued{JobRef: events.JobRef{JobID: q.ID, RunID: q.RunID, RunAttempt: q.RunAttempt,
-			Org: q.Org, Repo: q.Repo, Name: q.Name, Labels: labels}})
+			Org: q.Org, Repo: q.Repo, Name: q.Name, Labels: labels, Installation: installation}})
 	}
 	return out
 }
@@ -254,13 +255,13 @@ func (m *GitHubMinter) observe(resp *github.Response, err error) { m.Budget.Obse
 // (at most limit runs read a round in all) and appends, from the loop, a
 // queued fact for each job the fold does not know. A failed read changes
 // nothing (law 7).
-func (d *Dispatcher) findQueued(ctx context.Context, lister QueuedLister, repos [][2]string, limit int) {
+func (d *Dispatcher) findQueued(ctx context.Context, in Installation, lister QueuedLister, repos [][2]string, limit int) {
 	if limit <= 0 {
 		limit = 20
 	}
 	var found []QueuedJob
 	for _, rp := range repos {
-		if blocked, _ := d.rateLimited(time.Now()); blocked || limit <= 0 {
+		if blocked, _ := in.blocked(time.Now()); blocked || limit <= 0 {
 			break
 		}
 		cctx, cancel := context.WithTimeout(ctx, d.opts.MintTimeout)
@@ -280,7 +281,7 @@ func (d *Dispatcher) findQueued(ctx context.Context, lister QueuedLister, repos 
 		return
 	}
 	d.Loop.Post(ctx, func() {
-		for _, q := range UnknownQueued(d.Fold, found) {
+		for _, q := range UnknownQueued(d.Fold, found, in.Name) {
 			d.opts.Logger.Warn("a queued job no webhook told of; the API lists it", "job", q.JobID, "org", q.Org, "repo", q.Repo)
 			_ = d.Append(ctx, q)
 		}

@@ -169,7 +169,7 @@ func TestThePollStoresOnlyQueuedJobsTheLogDoesNotKnow(t *testing.T) {
 		{ID: 2, Org: "example-org", Repo: "example-repo"},
 		{ID: 3, RunID: 30, Org: "example-org", Repo: "example-repo", Name: "build", Labels: []string{"self-hosted", "linux"}},
 	}
-	got := dispatch.UnknownQueued(l.f, listed)
+	got := dispatch.UnknownQueued(l.f, listed, "")
 	if len(got) != 1 || got[0].JobID != 3 || got[0].RunID != 30 || got[0].Delivery != "" || got[0].EventID() != "job-3-queued" {
 		t.Fatalf("facts %+v, want one for job 3, keyed job-3-queued", got)
 	}

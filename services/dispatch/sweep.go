@@ -44,6 +44,8 @@ type GitHubRunner struct {
 	Status    string // online, offline
 	Busy      bool
 	Org, Repo string
+	// Installation is whose list it came from: its client deletes it.
+	Installation string
 }
 
 // RunnerLister is implemented by a Minter that can list the self-hosted
@@ -119,17 +121,7 @@ func SweepScopes(f *events.Fleet, scope, org string) [][2]string {
 	if scope != "repo" && org != "" {
 		return [][2]string{{org, ""}}
 	}
-	repos := ReconcileRepos(f)
-	if scope == "repo" {
-		return repos
-	}
-	var out [][2]string
-	for _, r := range repos {
-		if len(out) == 0 || out[len(out)-1][0] != r[0] {
-			out = append(out, [2]string{r[0], ""})
-		}
-	}
-	return out
+	return sweepScopesOf(ReconcileRepos(f), scope)
 }
 
 // ListRunners implements RunnerLister: GET /orgs/{org}/actions/runners or
@@ -175,8 +167,7 @@ type sweepState struct {
 // time through Deregister (404 is gone).
 func (d *Dispatcher) sweep(ctx context.Context, now time.Time) {
 	s := d.opts.Sweep
-	lister, ok := d.minter.(RunnerLister)
-	if s.Every <= 0 || !ok || d.sweeps.running {
+	if s.Every <= 0 || d.sweeps.running {
 		return
 	}
 	if d.sweeps.next.IsZero() {
@@ -185,21 +176,58 @@ func (d *Dispatcher) sweep(ctx context.Context, now time.Time) {
 	if now.Before(d.sweeps.next) {
 		return
 	}
-	if blocked, _ := d.rateLimited(now); blocked {
-		return
-	}
 	d.sweeps.next = now.Add(jitter(s.Every))
-	scopes := SweepScopes(d.Fold, d.opts.SweepScope, d.opts.SweepOrg)
-	if len(scopes) == 0 {
+	var lists []sweepList
+	for _, in := range d.installs() {
+		lister, ok := in.Minter.(RunnerLister)
+		if blocked, _ := in.blocked(now); !ok || blocked {
+			continue
+		}
+		scopes := SweepScopes(d.Fold, in.SweepScope, in.SweepOrg)
+		if len(d.installs()) > 1 && (in.SweepScope == "repo" || in.SweepOrg == "") {
+			scopes = sweepScopesOf(d.installationRepos(in.Name), in.SweepScope)
+		}
+		if len(scopes) > 0 {
+			lists = append(lists, sweepList{in, lister, scopes})
+		}
+	}
+	if len(lists) == 0 {
 		return
 	}
 	d.sweeps.running = true
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		list, listed := d.listRunners(ctx, lister, scopes)
-		d.Loop.Post(ctx, func() { d.reap(ctx, list, listed) })
+		var all []GitHubRunner
+		listed := true
+		for _, l := range lists {
+			list, ok := d.listRunners(ctx, l.in, l.lister, l.scopes)
+			all, listed = append(all, list...), listed && ok
+		}
+		d.Loop.Post(ctx, func() { d.reap(ctx, all, listed) })
 	}()
+}
+
+// sweepList is one installation's part of a sweep pass.
+type sweepList struct {
+	in     Installation
+	lister RunnerLister
+	scopes [][2]string
+}
+
+// sweepScopesOf is SweepScopes over the given repositories: each of them
+// (scope "repo") or each of their owners.
+func sweepScopesOf(repos [][2]string, scope string) [][2]string {
+	if scope == "repo" {
+		return repos
+	}
+	var out [][2]string
+	for _, r := range repos {
+		if len(out) == 0 || out[len(out)-1][0] != r[0] {
+			out = append(out, [2]string{r[0], ""})
+		}
+	}
+	return out
 }
 
 // jitter is every plus up to a fifth of it.
@@ -207,10 +235,10 @@ func jitter(every time.Duration) time.Duration {
 	return every + rand.N(every/5+1)
 }
 
-func (d *Dispatcher) listRunners(ctx context.Context, lister RunnerLister, scopes [][2]string) ([]GitHubRunner, bool) {
+func (d *Dispatcher) listRunners(ctx context.Context, in Installation, lister RunnerLister, scopes [][2]string) ([]GitHubRunner, bool) {
 	var all []GitHubRunner
 	for _, sc := range scopes {
-		if blocked, _ := d.rateLimited(time.Now()); blocked {
+		if blocked, _ := in.blocked(time.Now()); blocked {
 			return nil, false
 		}
 		lctx, cancel := context.WithTimeout(ctx, d.opts.MintTimeout)
@@ -220,7 +248,10 @@ func (d *Dispatcher) listRunners(ctx context.Context, lister RunnerLister, scope
 			d.opts.Logger.Info("runner sweep: list failed; this pass deletes nothing", "org", sc[0], "repo", sc[1], "err", err)
 			return nil, false
 		}
-		all = append(all, rs...)
+		for _, r := range rs {
+			r.Installation = in.Name
+			all = append(all, r)
+		}
 	}
 	return all, true
 }
@@ -239,7 +270,10 @@ func (d *Dispatcher) reap(ctx context.Context, list []GitHubRunner, listed bool)
 		defer d.Loop.Post(ctx, func() { d.sweeps.running = false })
 		for _, r := range picks {
 			dctx, cancel := context.WithTimeout(ctx, d.opts.MintTimeout)
-			err := d.minter.Deregister(dctx, r.ID, r.Org, r.Repo)
+			err := ErrRunnerBusy // never delete through another installation's client
+			if in, ok := d.install(r.Installation); ok {
+				err = in.Minter.Deregister(dctx, r.ID, r.Org, r.Repo)
+			}
 			cancel()
 			d.swept(ctx, r, err)
 		}

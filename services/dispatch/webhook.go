@@ -83,6 +83,11 @@ type Intake struct {
 	// lost message costs nothing when the webhook arrives, and a job
 	// that reached the log by webhook before its set existed still ends.
 	ScaleSet func(labels []string) bool
+	// Installation names the GitHub installation whose webhook this is
+	// ("": the default; config: dispatcher.github as a list, served at
+	// /webhook/NAME): every fact it stores carries it, so only that
+	// installation's pools serve the job.
+	Installation string
 }
 
 // refusal is an answer other than 2xx, decided before anything is stored.
@@ -283,7 +288,7 @@ func (in *Intake) store(w http.ResponseWriter, r *http.Request, delivery string,
 		// message stores the same transition under: the log keeps one.
 		delivery = ""
 	}
-	p := jobFact(delivery, e)
+	p := jobFact(delivery, e, in.Installation)
 	if p == nil {
 		in.reply(w, http.StatusAccepted, event, e.GetAction(), "ignored", "action not tracked")
 		return
@@ -345,12 +350,12 @@ func metricLabel(v string, known []string) string {
 
 // jobFact turns a workflow_job webhook into a fact, or nil for actions Berth
 // does not track.
-func jobFact(delivery string, e *github.WorkflowJobEvent) events.Payload {
+func jobFact(delivery string, e *github.WorkflowJobEvent, installation string) events.Payload {
 	j := e.GetWorkflowJob()
 	ref := events.JobRef{
 		Delivery: delivery, JobID: j.GetID(), RunID: j.GetRunID(), RunAttempt: j.GetRunAttempt(),
 		Org: e.GetRepo().GetOwner().GetLogin(), Repo: e.GetRepo().GetName(), Name: j.GetName(),
-		Labels: j.Labels,
+		Labels: j.Labels, Installation: installation,
 	}
 	if ref.Labels == nil {
 		ref.Labels = []string{}

@@ -77,7 +77,7 @@ var queueEdges = []struct {
 // made from it.
 func build(f *events.Fleet, st events.Status, now time.Time) View {
 	v := View{Now: now, Status: st}
-	match := events.NewMatcher(f.PoolLabels())
+	match := f.NewMatcher()
 	attempts := map[int64]int{}
 	pools := map[int64]string{}
 	for _, a := range f.Attempts {

@@ -367,14 +367,13 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	}
 	logger = logger.With("service", "dispatcher")
 	dc := cfg.Dispatcher
-	gh, err := githubClient(dc)
+	app := &eventlog.Appender{JS: js, Source: "berth/dispatcher", Role: events.RoleDispatcher}
+	installs, err := newInstallations(ctx, js, cfg, app, logger)
 	if err != nil {
 		nc.Close()
 		return nil, "", err
 	}
-	budget := &dispatch.Budget{}
-	minter := &dispatch.GitHubMinter{Client: gh, Scope: dc.GitHub.Scope, Org: dc.GitHub.Org, RunnerGroupID: dc.GitHub.RunnerGroupID,
-		Budget: budget}
+	minter, budget, sets := installs[0].rest, installs[0].budget, installs[0].sets
 	redeliverer, err := redelivererFor(dc, minter)
 	if err != nil {
 		nc.Close()
@@ -382,12 +381,6 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	}
 	reg := registry()
 	metrics := dispatch.NewMetrics(reg)
-	app := &eventlog.Appender{JS: js, Source: "berth/dispatcher", Role: events.RoleDispatcher}
-	sets, err := newScaleSetIntake(ctx, js, cfg, minter, app, logger)
-	if err != nil {
-		nc.Close()
-		return nil, "", err
-	}
 	d, err := dispatch.New(&eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 500 * time.Millisecond,
 		SnapshotKey: events.SnapshotKeyDispatcher, Consumer: consumer(cfg, "dispatcher"), Replicas: cfg.NATS.Replicas}, app, sets.minterOr(minter),
 		dispatch.Options{Params: dispatch.Params{MaxAttempts: dc.MaxAttempts, Warm: warmPools(dc.WarmPools),
@@ -397,7 +390,8 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 			Reconcile:  dispatch.Reconcile{After: dc.ReconcileAfter, Every: dc.ReconcileEvery, Limit: dc.ReconcileLimit},
 			Sweep:      dispatch.Sweep{Every: dc.RunnerSweepEvery, Grace: dc.RunnerSweepGrace, Limit: dc.RunnerSweepLimit},
 			SweepScope: dc.GitHub.Scope, SweepOrg: dc.GitHub.Org,
-			Redeliverer: redeliverer, CurveSeedFile: DispatcherKeyFile(cfg), ScaleSetJob: sets.serves()}, metrics)
+			Redeliverer: redeliverer, CurveSeedFile: DispatcherKeyFile(cfg), ScaleSetJob: installs.scaleSetJob(),
+			Installations: installs.more()}, metrics)
 	if err != nil {
 		nc.Close()
 		return nil, "", err
@@ -409,16 +403,12 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	} else {
 		trustOwnKey(ctx, js, d.SealingKey(), instance(cfg), logger)
 	}
-	secret := config.Secret(dc.WebhookSecret, dc.WebhookSecretEnv)
-	if secret == "" {
-		nc.Close()
-		return nil, "", fmt.Errorf("dispatcher: no webhook secret: set dispatcher.webhook_secret or webhook_secret_env (GitHub signs every delivery with it)")
-	}
 	loopMetrics(reg, d.Loop)
-	mux := dispatcherMux(reg, d, budget, sh)
-	hooks := &dispatch.Intake{Secret: []byte(secret), Log: app, Now: time.Now, Logger: logger, Metrics: metrics}
-	hooks.ScaleSet = sets.serves()
-	mux.Handle("POST /webhook", hooks)
+	mux := dispatcherMux(reg, d, installs, sh)
+	if err := installs.webhooks(mux, dc, app, logger, metrics); err != nil {
+		nc.Close()
+		return nil, "", err
+	}
 	addr, err := serve(ctx, s, "dispatcher", dc.Listen, mux)
 	if err != nil {
 		nc.Close()
@@ -428,8 +418,10 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 		defer nc.Close()
 		return d.Run(ctx)
 	})
-	if sets != nil {
-		sets.start(ctx, s, d)
+	for _, in := range installs {
+		if in.sets != nil {
+			in.sets.start(ctx, s, d)
+		}
 	}
 	if err := servePage(ctx, s, cfg, d.Read, js, streamOf(sh), logger); err != nil {
 		return nil, "", err
@@ -439,37 +431,46 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 }
 
 // dispatcherMux serves the dispatcher's /healthz, /metrics and /status.
-func dispatcherMux(reg *prometheus.Registry, d *dispatch.Dispatcher, budget *dispatch.Budget, sh *streamHealth) *http.ServeMux {
+func dispatcherMux(reg *prometheus.Registry, d *dispatch.Dispatcher, installs installations, sh *streamHealth) *http.ServeMux {
 	mux := httpx.Mux(reg, func() (bool, any) {
 		ok, detail := loopHealthy(d.Loop)
 		// GitHub's part (law 11): a refusal of the App's credentials
 		// pauses every call and is degraded (503); a rate limit is
-		// shown, it lifts by itself at the reset.
-		reason, until := budget.Paused(time.Now())
-		detail["github_paused"] = reason
-		if reason != "" {
-			detail["github_paused_until"] = until.UTC().Format(time.RFC3339)
+		// shown, it lifts by itself at the reset. Each installation
+		// after the default says so under its name.
+		refused := false
+		for i, in := range installs {
+			reason, until := in.budget.Paused(time.Now())
+			key := "github_paused"
+			if i > 0 {
+				key = "github_paused_" + in.name
+			}
+			detail[key] = reason
+			if reason != "" {
+				detail[key+"_until"] = until.UTC().Format(time.RFC3339)
+			}
+			refused = refused || reason == "auth"
 		}
-		return sh.add(ok && reason != "auth", detail), detail
+		return sh.add(ok && !refused, detail), detail
 	})
 	mux.HandleFunc("GET /status", statusHandler(func(ctx context.Context, fn func(*events.Fleet)) error { return d.Read(ctx, fn) }))
 	return mux
 }
 
-// githubClient is the dispatcher's go-github client: through the App's
+// githubClient is one installation's go-github client: through the App's
 // installation token when an App is configured, else with the token.
-func githubClient(dc config.Dispatcher) (*github.Client, error) {
+func githubClient(gh config.GitHub) (*github.Client, error) {
 	var hc *http.Client
-	token := config.Secret(dc.GitHub.Token, dc.GitHub.TokenEnv)
-	if app := dc.GitHub.App; app.ID != 0 {
+	token := config.Secret(gh.Token, gh.TokenEnv)
+	if app := gh.App; app.ID != 0 {
 		tr, err := dispatch.AppTransport(dispatch.App{ID: app.ID, InstallationID: app.InstallationID, PrivateKeyFile: app.PrivateKeyFile},
-			dc.GitHub.APIURL, nil, nil)
+			gh.APIURL, nil, nil)
 		if err != nil {
 			return nil, err
 		}
 		hc, token = &http.Client{Transport: tr}, ""
 	}
-	return dispatch.NewGitHubClient(dc.GitHub.APIURL, token, hc)
+	return dispatch.NewGitHubClient(gh.APIURL, token, hc)
 }
 
 // redelivererFor is the hook-deliveries client of

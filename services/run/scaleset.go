@@ -30,9 +30,10 @@ type scaleSetIntake struct {
 }
 
 // newScaleSetIntake builds the scale set client and opens berth_scalesets.
-func newScaleSetIntake(ctx context.Context, js jetstream.JetStream, cfg *config.Config, rest *dispatch.GitHubMinter,
-	app *eventlog.Appender, logger *slog.Logger) (*scaleSetIntake, error) {
-	gh := cfg.Dispatcher.GitHub
+// gh is one installation (dispatcher.github's entry), named installation
+// in its facts ("" the default).
+func newScaleSetIntake(ctx context.Context, js jetstream.JetStream, cfg *config.Config, gh config.GitHub, installation string,
+	rest *dispatch.GitHubMinter, app *eventlog.Appender, logger *slog.Logger) (*scaleSetIntake, error) {
 	if gh.Intake != config.IntakeScaleSet {
 		return nil, nil
 	}
@@ -46,8 +47,12 @@ func newScaleSetIntake(ctx context.Context, js jetstream.JetStream, cfg *config.
 		return nil, err
 	}
 	sets := &setintake.Sets{}
+	if installation != "" {
+		logger = logger.With("installation", installation)
+	}
 	in := &setintake.Intake{Client: client, Log: app, KV: kv, Pools: gh.ScaleSet.Pools, RunnerGroup: gh.ScaleSet.RunnerGroup,
-		Owner: "dispatcher-" + instance(cfg), LeaseTTL: gh.ScaleSet.LeaseTTL, Lister: rest, Sets: sets,
+		Installation: installation,
+		Owner:        "dispatcher-" + instance(cfg), LeaseTTL: gh.ScaleSet.LeaseTTL, Lister: rest, Sets: sets,
 		ReconcileEvery: cfg.Dispatcher.ReconcileEvery, ReconcileLimit: cfg.Dispatcher.ReconcileLimit,
 		Logger: logger.With("intake", "scaleset"), Metrics: &setintake.Metrics{}}
 	// A dead holder's session is deleted through the registration

@@ -42,7 +42,7 @@ func Capacity(f *events.Fleet, pool string) int {
 // from the live attempts bound to them (their runners are ours), each job
 // once. It reads the live indexes, never the history.
 func OpenJobs(f *events.Fleet, pool string) int {
-	m := events.NewMatcher(f.PoolLabels())
+	m := f.NewMatcher()
 	n := 0
 	for j := range f.OpenJobs() {
 		if j.Status == events.StatusQueued && m.MatchJob(j) == pool {

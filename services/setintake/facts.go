@@ -69,3 +69,23 @@ func Conclusion(result string) string {
 	}
 	return result
 }
+
+// WithInstallation is p, a job fact of Facts, naming installation (""
+// leaves it as it is: the default installation).
+func WithInstallation(p events.Payload, installation string) events.Payload {
+	if installation == "" {
+		return p
+	}
+	switch f := p.(type) {
+	case events.JobQueued:
+		f.Installation = installation
+		return f
+	case events.JobInProgress:
+		f.Installation = installation
+		return f
+	case events.JobCompleted:
+		f.Installation = installation
+		return f
+	}
+	return p
+}

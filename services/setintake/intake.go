@@ -32,6 +32,9 @@ type Intake struct {
 	// Read runs fn on the dispatcher's fold, on its loop (Dispatcher.Read).
 	Read  func(ctx context.Context, fn func(*events.Fleet)) error
 	Pools []string
+	// Installation names the GitHub installation the sets belong to ("":
+	// the default one): every job fact the intake stores carries it.
+	Installation string
 	// RunnerGroup names the sets' runner group; "" means the default one.
 	RunnerGroup string
 	// Owner names this replica in leases and sessions; unique per replica
@@ -352,6 +355,7 @@ func (in *Intake) poll(ctx context.Context, sess *scaleset.MessageSessionClient,
 	facts, acquire, skipped := Facts(msg)
 	in.Metrics.add(&in.Metrics.Skipped, skipped)
 	for _, p := range facts {
+		p = WithInstallation(p, in.Installation)
 		if _, err := in.Log.AppendConfirmed(ctx, in.Log.New(in.Clock.Now(), p), nil); err != nil {
 			return fmt.Errorf("store a fact of message %d (it will be read again): %w", msg.MessageID, err)
 		}

@@ -154,7 +154,7 @@ func (r *reconciler) fill(ctx context.Context, gap int, labels []string, repos [
 		}
 	}
 	var missing []events.JobQueued
-	_ = r.in.Read(ctx, func(f *events.Fleet) { missing = dispatch.UnknownQueued(f, found) })
+	_ = r.in.Read(ctx, func(f *events.Fleet) { missing = dispatch.UnknownQueued(f, found, r.in.Installation) })
 	dirty := map[int64]bool{}
 	for _, q := range missing {
 		dirty[q.RunID] = true

@@ -335,8 +335,7 @@ func (p *Plan) release(a *events.Attempt, reason string) {
 // longer than DemandWaitingAfter, at most once every DemandWaitingEvery
 // (law 6: visible when stuck).
 func waiting(f *events.Fleet, now time.Time, p Params) []events.DemandWaiting {
-	labels := f.PoolLabels()
-	match := events.NewMatcher(labels)
+	match := f.NewMatcher()
 	type agg struct {
 		n      int
 		oldest *events.Job

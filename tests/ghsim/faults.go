@@ -100,20 +100,27 @@ type rateLimit struct {
 	shape RateLimitShape
 	calls int // answers left to give this way
 	wait  time.Duration
+	until time.Time // with calls < 0: every answer until then
 }
 
 // RateLimit makes the next calls requests to route (a Route* name) answer
 // with the rate-limit shape, telling the client to wait for wait (rounded
 // up to whole seconds, as GitHub's headers are). Calls to other routes are
 // served as usual. The route's APICalls count includes the refused calls,
-// so a test can see whether the client waited.
+// so a test can see whether the client waited. calls < 0 refuses every
+// call for wait from now (GitHub's limit until its reset), each told to
+// wait what is left of it.
 func (s *Sim) RateLimit(route string, shape RateLimitShape, calls int, wait time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.limits == nil {
 		s.limits = map[string]*rateLimit{}
 	}
-	s.limits[route] = &rateLimit{shape: shape, calls: calls, wait: wait}
+	l := &rateLimit{shape: shape, calls: calls, wait: wait}
+	if calls < 0 {
+		l.until = time.Now().Add(wait)
+	}
+	s.limits[route] = l
 }
 
 // limited answers the call with a rate-limit refusal if one is due for the
@@ -121,11 +128,14 @@ func (s *Sim) RateLimit(route string, shape RateLimitShape, calls int, wait time
 func (s *Sim) limited(route string, w http.ResponseWriter) bool {
 	s.mu.Lock()
 	l := s.limits[route]
-	if l == nil || l.calls <= 0 {
+	if l != nil && l.calls < 0 && time.Now().Before(l.until) {
+		l.wait = time.Until(l.until)
+	} else if l == nil || l.calls <= 0 {
 		s.mu.Unlock()
 		return false
+	} else {
+		l.calls--
 	}
-	l.calls--
 	shape, wait := l.shape, l.wait
 	primary, secondary := s.fx.primaryLimit, s.fx.secondaryLimit
 	s.mu.Unlock()

@@ -57,7 +57,8 @@ func TestAnUnknownHelpTopicIsBadUsage(t *testing.T) {
 // (bad usage) saying what a NATS URL looks like, not "is nats-server
 // running?" as if a server were down.
 func TestAMalformedNATSURLIsBadUsage(t *testing.T) {
-	for _, u := range []string{"nats//127.0.0.1:4222", "http://127.0.0.1:4222", "nats://127.0.0.1:99999", "127.0.0.1:4222x", "nats://127.0.0.1:4222/x"} {
+	for _, u := range []string{"nats//127.0.0.1:4222", "http://127.0.0.1:4222", "nats://127.0.0.1:99999", "127.0.0.1:4222x", "nats://127.0.0.1:4222/x",
+		"bogus::", "nats://127.0.0.1:4222,"} { // found by a new user: exit 3 "is nats-server running?", and --nats ""
 		_, code, err := berthIn(t, "status", "--nats", u)
 		if code != exitUsage || err == nil || strings.Contains(err.Error(), "nats-server running") || !strings.Contains(err.Error(), "nats://HOST:PORT") {
 			t.Errorf("--nats %s: exit %d, %v; want %d saying what a NATS URL is", u, code, err, exitUsage)
@@ -73,6 +74,19 @@ func TestAMalformedNATSURLIsBadUsage(t *testing.T) {
 // Given a log holding job 7's facts, when an operator asks for the events
 // of job 8, pool nope or attempt berth-9-1, then berth exits 1 naming what
 // it looked for and where to list what exists; job 7's events print.
+// Found by a new user: `events --job notanumber` printed strconv's
+// message, and `berth undrain` suggested drain.
+func TestAJobIdThatIsNoNumberSaysSoAndUndrainIsUncordon(t *testing.T) {
+	_, code, err := berthIn(t, "events", "--job", "notanumber")
+	if code != exitUsage || err == nil || strings.Contains(err.Error(), "strconv") || !strings.Contains(err.Error(), "give a whole number") {
+		t.Errorf("events --job notanumber: exit %d, %v; want %d saying to give a number", code, err, exitUsage)
+	}
+	out, code, err := berthIn(t, "undrain", "--help")
+	if code != 0 || err != nil || !strings.Contains(out, "berth uncordon HOST") {
+		t.Errorf("undrain --help: exit %d, %v:\n%s\nwant uncordon's help", code, err, out)
+	}
+}
+
 func TestAnUnknownJobPoolOrAttemptIsAFailureThatSaysWhere(t *testing.T) {
 	url, js, _ := testkit.NATS(t)
 	testkit.Stream(t, js, eventlog.StreamConfig{})

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -108,7 +109,7 @@ func root() *cobra.Command {
 	if def == "" {
 		def = "nats://127.0.0.1:4222"
 	}
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	cmd.SetFlagErrorFunc(flagError)
 	cmd.PersistentFlags().StringVar(&natsURL, "nats", def, "NATS server URL (env BERTH_NATS_URL)")
 	cmd.PersistentFlags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.PersistentFlags().StringVar(&natsNKey, "nats-nkey", os.Getenv("BERTH_NATS_NKEY"),
@@ -123,7 +124,7 @@ func root() *cobra.Command {
 	cmd.AddCommand(devCmd(), serviceCmd("dispatcher", &natsURL), serviceCmd("watchdog", &natsURL), agentCmd(&natsURL),
 		statusCmd(&natsURL), eventsCmd(&natsURL), replayCmd(&natsURL),
 		hostActionCmd(&natsURL, "cordon", "Stop placing new jobs on a host (running jobs go on)"),
-		hostActionCmd(&natsURL, "uncordon", "Let a cordoned host take new jobs again"),
+		hostActionCmd(&natsURL, "uncordon", "Let a cordoned or draining host take new jobs again (alias: undrain)"),
 		hostActionCmd(&natsURL, "drain", "Take a host out of service: no new jobs, idle runners are stopped, running jobs finish (berth uncordon HOST undoes it)"),
 		hostsCmd(&natsURL), jobsCmd(&natsURL), releaseCmd(&natsURL), natsAuthCmd(), streamCmd(&natsURL))
 	cmd.AddCommand(vzGuestCmd(), vzImportTartCmd())
@@ -155,7 +156,7 @@ func helpCmd(root *cobra.Command) *cobra.Command {
 // 2): a bad flag, and positional arguments a command does not take (they
 // were accepted in silence: `berth status extra`).
 func strictUsage(cmd *cobra.Command) {
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	cmd.SetFlagErrorFunc(flagError)
 	for _, c := range cmd.Commands() {
 		if c.Args == nil && c.Runnable() && !c.HasSubCommands() {
 			c.Args = exactArgs(0)
@@ -526,10 +527,15 @@ func replayPrint(cmd *cobra.Command, js jetstream.JetStream, seq uint64, at stri
 	return nil
 }
 
+// undo names the words a user may try for the way back: uncordon also
+// ends an operator's drain.
+var undo = map[string][]string{"uncordon": {"undrain"}}
+
 func hostActionCmd(natsURL *string, action, short string) *cobra.Command {
 	var reason string
 	cmd := &cobra.Command{
 		Use:     action + " HOST",
+		Aliases: undo[action],
 		Short:   short,
 		Args:    exactArgs(1),
 		Example: "  berth " + action + " mac-mini-01 --reason \"disk replacement\"",
@@ -750,4 +756,17 @@ func natsGiven(cmd *cobra.Command) bool {
 		return true
 	}
 	return os.Getenv("BERTH_NATS_URL") != ""
+}
+
+// rawParse is strconv's wording inside pflag's error for a flag value
+// that is not a number.
+var rawParse = regexp.MustCompile(`: strconv\.Parse\w+: parsing "[^"]*": (invalid syntax|value out of range)`)
+
+// flagError is a usage error (exit 2) in words: a value that is not a
+// number says so, not strconv's message.
+func flagError(_ *cobra.Command, err error) error {
+	if msg := rawParse.ReplaceAllString(err.Error(), ": give a whole number"); msg != err.Error() {
+		return usageError{errors.New(msg)}
+	}
+	return usageError{err}
 }

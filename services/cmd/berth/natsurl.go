@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -15,6 +16,9 @@ import (
 func checkNATSURL(s string) error {
 	for _, u := range strings.Split(s, ",") {
 		u = strings.TrimSpace(u)
+		if u == "" {
+			return fmt.Errorf("--nats %q: an empty URL between commas: give nats://HOST:PORT (several: comma-separated, none empty)", s)
+		}
 		full := u
 		if !strings.Contains(u, "://") {
 			full = "nats://" + u
@@ -30,6 +34,9 @@ func checkNATSURL(s string) error {
 		}
 		if p.Host == "" || (p.Path != "" && p.Path != "/") || p.RawQuery != "" {
 			return fmt.Errorf("--nats %q: not HOST:PORT: give nats://HOST:PORT (several: comma-separated)", u)
+		}
+		if _, _, err := net.SplitHostPort(p.Host); strings.Contains(p.Host, ":") && !strings.HasPrefix(p.Host, "[") && err != nil {
+			return fmt.Errorf("--nats %q: %v: give nats://HOST:PORT (several: comma-separated)", u, err)
 		}
 		if port := p.Port(); port != "" {
 			if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {

@@ -96,7 +96,7 @@ func trustHostCmd(natsURL *string) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "", "grant what this config's agent HOST announces")
-	cmd.Flags().StringArrayVar(&pools, "pool", nil, "grant a pool: NAME=SLOTS:LABEL,LABEL (repeat for each pool)")
+	cmd.Flags().StringArrayVar(&pools, "pool", nil, "grant a pool: NAME=SLOTS:LABEL,LABEL[@INSTALLATION] (repeat for each pool; @INSTALLATION: a dispatcher.github entry after the first)")
 	cmd.Flags().IntVar(&physical, "cap", 0, "with --pool: the host's physical cap (default: the sum of the slots)")
 	cmd.Flags().BoolVar(&revoke, "revoke", false, "take every pool away: the host is offered nothing")
 	cmd.Flags().StringVar(&by, "by", "admin", "who grants, kept in the fact")
@@ -138,11 +138,13 @@ func hostGrant(host, cfgPath string, pools []string, physical int, revoke bool, 
 	for _, spec := range pools {
 		name, rest, ok1 := strings.Cut(spec, "=")
 		slots, labels, ok2 := strings.Cut(rest, ":")
+		labels, inst, named := strings.Cut(labels, "@")
 		n, err := strconv.Atoi(slots)
-		if !ok1 || !ok2 || err != nil || n < 1 || labels == "" || events.ValidName("pool", name) != nil {
-			return events.HostGranted{}, fmt.Errorf("--pool %q: give NAME=SLOTS:LABEL,LABEL, e.g. linux=4:self-hosted,linux", spec)
+		if !ok1 || !ok2 || err != nil || n < 1 || labels == "" || events.ValidName("pool", name) != nil ||
+			(named && events.ValidName("installation", inst) != nil) {
+			return events.HostGranted{}, fmt.Errorf("--pool %q: give NAME=SLOTS:LABEL,LABEL[@INSTALLATION], e.g. linux=4:self-hosted,linux", spec)
 		}
-		g.Pools[name] = events.PoolGrant{Labels: events.NormalizeLabels(strings.Split(labels, ",")), Slots: n}
+		g.Pools[name] = events.PoolGrant{Labels: events.NormalizeLabels(strings.Split(labels, ",")), Slots: n, Installation: inst}
 	}
 	return g, nil
 }

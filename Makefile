@@ -18,7 +18,7 @@ demo:
 
 ## help: the targets and what each does
 help:
-	@awk '/^## /{sub(/^## /, ""); print "  " $$0}' $(firstword $(MAKEFILE_LIST))
+	@awk '/^## [a-z-]+:/{sub(/^## /, ""); print "  " $$0; next} /^## /{sub(/^## /, ""); print "      " $$0}' $(firstword $(MAKEFILE_LIST))
 
 ## test: unit, property, fuzz-seed, end-to-end, fault-scenario, crash-point, compose, browser and nats-CLI tests
 test: tools

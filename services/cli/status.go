@@ -108,7 +108,7 @@ func PrintStatus(w io.Writer, st events.Status, asJSON bool, now time.Time) erro
 			p.WarmWarming, p.WarmIdle, p.WarmAssigned, p.PendingDemand, p.WaitingForSlot, p.AbandonedVMs, dash(strings.Join(p.CordonedHosts, ",")), len(p.Alarms))
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "HOST\tSTATE\tCORDONED\tPHYSICAL_CAP\tLIVE_VMS\tABANDONED\tSLOTS(held/total)\tLAST_HEARTBEAT")
+	fmt.Fprintln(tw, "HOST\tSTATE\tCORDONED\tREASON\tPHYSICAL_CAP\tLIVE_VMS\tABANDONED\tSLOTS(held/total)\tLAST_HEARTBEAT")
 	for _, h := range st.Hosts {
 		var slots []string
 		for pool, n := range h.Slots {
@@ -119,7 +119,7 @@ func PrintStatus(w io.Writer, st events.Status, asJSON bool, now time.Time) erro
 		if h.LastHeartbeat != nil {
 			hb = now.Sub(*h.LastHeartbeat).Round(time.Second).String() + " ago"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%d\t%d\t%s\t%s\n", h.Name, h.State, h.Cordoned, h.PhysicalCap, h.LiveVMs, h.AbandonedVMs,
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%d\t%d\t%d\t%s\t%s\n", h.Name, h.State, h.Cordoned, dash(hostReason(h)), h.PhysicalCap, h.LiveVMs, h.AbandonedVMs,
 			strings.Join(slots, ", "), hb)
 	}
 	fmt.Fprintln(tw)

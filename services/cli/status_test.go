@@ -89,3 +89,26 @@ func TestStatusShowsAHostsOverclaimWithTheCommand(t *testing.T) {
 		t.Fatalf("hosts %+v, printed:\n%s\nwant mac-1 offered macos only and an OVERCLAIM line with `berth trust host mac-1`", st.Hosts, out.String())
 	}
 }
+
+// Given a host drained with a reason (`berth drain --reason`), when an
+// operator asks plain `berth status`, then the host's row gives the reason,
+// as the flag's help promises.
+func TestStatusShowsWhyAHostDrains(t *testing.T) {
+	st := events.Status{Hosts: []events.HostStatus{
+		{Name: "mac-1", State: "draining", DrainReason: "disk replacement"},
+		{Name: "mac-2", State: "online"},
+	}}
+	var out strings.Builder
+	if err := cli.PrintStatus(&out, st, false, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	var row string
+	for _, l := range strings.Split(out.String(), "\n") {
+		if strings.HasPrefix(l, "mac-1 ") {
+			row = l
+		}
+	}
+	if !strings.Contains(row, "draining") || !strings.Contains(row, "disk replacement") {
+		t.Fatalf("status printed:\n%s\nwant mac-1's row to say it drains for disk replacement", out.String())
+	}
+}

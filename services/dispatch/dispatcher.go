@@ -83,12 +83,15 @@ type Options struct {
 	// key the admin trusts (berth_trust) survives a restart; "" makes a
 	// fresh key each start (tests).
 	CurveSeedFile string
-	// ScaleSetJob, when set, reports whether a job with these labels is
-	// served through a runner scale set: the reconcile poll's search for
-	// queued jobs leaves those to the scale set intake, since GitHub
-	// assigns them within the capacity the intake advertises and a job
-	// still queued there is not ours yet.
-	ScaleSetJob func(labels []string) bool
+	// ScaleSetJob, when set, reports from the fold whether a job with
+	// these labels is served through a runner scale set: the reconcile
+	// poll's search for queued jobs leaves those to the scale set intake,
+	// since GitHub assigns them within the capacity the intake advertises
+	// and a job still queued there is not ours yet. It reads the fold (a
+	// pool's labels are its hosts'), never what a replica learnt since it
+	// started: two replicas, or one before and after a restart, decide
+	// alike.
+	ScaleSetJob func(f *events.Fleet, labels []string) bool
 	// Installations are the GitHub installations beyond the default one
 	// (whose calls go through the Minter, Budget and Sweep scope above).
 	Installations []Installation
@@ -260,7 +263,7 @@ func (d *Dispatcher) pause(now time.Time, params *Params) {
 	params.Waits = func(pool string) bool { _, w := waits[installs[pool]]; return w }
 	params.Exempt = func(pool string) bool {
 		reason, waits := waits[installs[pool]]
-		return !waits || (reason != "auth" && scaleSet != nil && scaleSet(labels[pool]))
+		return !waits || (reason != "auth" && scaleSet != nil && scaleSet(d.Fold, labels[pool]))
 	}
 }
 

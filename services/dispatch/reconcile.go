@@ -271,16 +271,15 @@ func (d *Dispatcher) findQueued(ctx context.Context, in Installation, lister Que
 		if err != nil {
 			d.opts.Logger.Debug("queued jobs not listed; nothing changes on a failed read", "org", rp[0], "repo", rp[1], "err", err)
 		}
-		for _, j := range jobs {
-			if d.opts.ScaleSetJob == nil || !d.opts.ScaleSetJob(j.Labels) {
-				found = append(found, j)
-			}
-		}
+		found = append(found, jobs...)
 	}
 	if len(found) == 0 {
 		return
 	}
 	d.Loop.Post(ctx, func() {
+		if set := d.opts.ScaleSetJob; set != nil {
+			found = slices.DeleteFunc(found, func(j QueuedJob) bool { return set(d.Fold, j.Labels) })
+		}
 		for _, q := range UnknownQueued(d.Fold, found, in.Name) {
 			d.opts.Logger.Warn("a queued job no webhook told of; the API lists it", "job", q.JobID, "org", q.Org, "repo", q.Repo)
 			_ = d.Append(ctx, q)

@@ -82,7 +82,11 @@ type Intake struct {
 	// transitions as the set's messages, under the job's own ids, so a
 	// lost message costs nothing when the webhook arrives, and a job
 	// that reached the log by webhook before its set existed still ends.
-	ScaleSet func(labels []string) bool
+	// It decides from the dispatcher's fold, so every replica decides
+	// alike; an error (the fold has not read the whole log yet) is a 503,
+	// redelivered, since a guess would store a transition under a second
+	// id.
+	ScaleSet func(ctx context.Context, labels []string) (bool, error)
 	// Installation names the GitHub installation whose webhook this is
 	// ("": the default; config: dispatcher.github as a list, served at
 	// /webhook/NAME): every fact it stores carries it, so only that
@@ -278,7 +282,15 @@ func (in *Intake) store(w http.ResponseWriter, r *http.Request, delivery string,
 			"workflow_job payload without a job id: send GitHub's payload unchanged")
 		return
 	}
-	if in.ScaleSet != nil && in.ScaleSet(e.GetWorkflowJob().Labels) {
+	scaleSet, err := in.scaleSet(r.Context(), e.GetWorkflowJob().Labels)
+	if err != nil {
+		in.Logger.Warn("webhook not stored: cannot tell yet whether its job is a scale set's", "delivery", delivery, "err", err)
+		w.Header().Set("Retry-After", "1")
+		in.reply(w, http.StatusServiceUnavailable, event, e.GetAction(), "unavailable",
+			"the dispatcher is still reading the event log; redeliver this delivery from the GitHub UI or API in a few seconds")
+		return
+	}
+	if scaleSet {
 		if e.GetAction() == "queued" {
 			in.reply(w, http.StatusAccepted, event, e.GetAction(), "scale_set",
 				"this job's pool is served through its runner scale set, whose messages carry it: nothing to do")
@@ -320,6 +332,17 @@ func (in *Intake) store(w http.ResponseWriter, r *http.Request, delivery string,
 	}
 	in.Logger.Debug("webhook stored", "delivery", delivery, "job", e.GetWorkflowJob().GetID(), "action", e.GetAction(), "seq", seq)
 	in.reply(w, http.StatusAccepted, event, e.GetAction(), outcome, "")
+}
+
+// scaleSet is whether a job with labels comes through a scale set (false
+// without ScaleSet).
+func (in *Intake) scaleSet(ctx context.Context, labels []string) (bool, error) {
+	if in.ScaleSet == nil {
+		return false, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	return in.ScaleSet(ctx, labels)
 }
 
 func (in *Intake) reply(w http.ResponseWriter, code int, event, action, outcome, msg string) {

@@ -2,6 +2,7 @@ package run
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/config"
 	"github.com/berth-ci/berth/services/dispatch"
 	"github.com/berth-ci/berth/services/eventlog"
@@ -65,21 +67,36 @@ func (is installations) more() []dispatch.Installation {
 	return out
 }
 
-// scaleSetJob is whether a job's labels are any installation's scale-set
-// pool's (nil when no installation reads scale sets).
-func (is installations) scaleSetJob() func([]string) bool {
-	var serves []func([]string) bool
+// scaleSetJob is whether, by the fold, a job's labels are any
+// installation's scale-set pool's (nil when no installation reads scale
+// sets).
+func (is installations) scaleSetJob() func(*events.Fleet, []string) bool {
+	var pools []string
 	for _, in := range is {
-		if f := in.sets.serves(); f != nil {
-			serves = append(serves, f)
-		}
+		pools = append(pools, in.scaleSetPools()...)
 	}
-	if len(serves) == 0 {
+	if len(pools) == 0 {
 		return nil
 	}
-	return func(labels []string) bool {
-		for _, f := range serves {
-			if f(labels) {
+	return servedBy(pools)
+}
+
+// scaleSetPools is the installation's scale-set pools (none with webhooks).
+func (in installation) scaleSetPools() []string {
+	if in.sets == nil {
+		return nil
+	}
+	return in.gh.ScaleSet.Pools
+}
+
+// servedBy reports from a fold whether one of pools, with the labels its
+// hosts offer it under, serves a job's labels. A pool no host offers yet
+// serves nothing: it has no scale set either.
+func servedBy(pools []string) func(*events.Fleet, []string) bool {
+	return func(f *events.Fleet, labels []string) bool {
+		byPool := f.PoolLabels()
+		for _, p := range pools {
+			if l, ok := byPool[p]; ok && events.Serves(l, labels) {
 				return true
 			}
 		}
@@ -87,11 +104,34 @@ func (is installations) scaleSetJob() func([]string) bool {
 	}
 }
 
+// errCatchingUp: the dispatcher's fold has not read the whole log since it
+// started, so what it says of the pools may be out of date.
+var errCatchingUp = errors.New("the dispatcher's fold has not read the whole event log yet")
+
+// scaleSetWebhook is the webhook intake's ScaleSet for one installation:
+// servedBy its scale-set pools, read from the dispatcher's fold once that
+// has read the whole log (nil with webhooks only).
+func (in installation) scaleSetWebhook(d *dispatch.Dispatcher) func(context.Context, []string) (bool, error) {
+	pools := in.scaleSetPools()
+	if len(pools) == 0 {
+		return nil
+	}
+	serves := servedBy(pools)
+	return func(ctx context.Context, labels []string) (bool, error) {
+		if !d.Loop.CaughtUp() {
+			return false, errCatchingUp
+		}
+		var yes bool
+		err := d.Read(ctx, func(f *events.Fleet) { yes = serves(f, labels) })
+		return yes, err
+	}
+}
+
 // webhooks serves each installation's webhook: the default's at /webhook,
 // each other's at /webhook/NAME, each checked with its own secret (else
 // dispatcher.webhook_secret) and its facts naming its installation.
 func (is installations) webhooks(mux *http.ServeMux, dc config.Dispatcher, app *eventlog.Appender, logger *slog.Logger,
-	metrics *dispatch.Metrics) error {
+	metrics *dispatch.Metrics, d *dispatch.Dispatcher) error {
 	fallback := config.Secret(dc.WebhookSecret, dc.WebhookSecretEnv)
 	for _, in := range is {
 		secret := config.Secret(in.gh.WebhookSecret, in.gh.WebhookSecretEnv)
@@ -106,7 +146,7 @@ func (is installations) webhooks(mux *http.ServeMux, dc config.Dispatcher, app *
 			return fmt.Errorf("dispatcher: no webhook secret for %s: set dispatcher.webhook_secret or webhook_secret_env (GitHub signs every delivery with it)", path)
 		}
 		hooks := &dispatch.Intake{Secret: []byte(secret), Log: app, Now: time.Now, Logger: logger, Metrics: metrics,
-			ScaleSet: in.sets.serves(), Installation: in.name}
+			ScaleSet: in.scaleSetWebhook(d), Installation: in.name}
 		mux.Handle("POST "+path, hooks)
 	}
 	return nil

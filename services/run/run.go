@@ -405,7 +405,7 @@ func Dispatcher(ctx context.Context, s *System, cfg *config.Config, logger *slog
 	}
 	loopMetrics(reg, d.Loop)
 	mux := dispatcherMux(reg, d, installs, sh)
-	if err := installs.webhooks(mux, dc, app, logger, metrics); err != nil {
+	if err := installs.webhooks(mux, dc, app, logger, metrics, d); err != nil {
 		nc.Close()
 		return nil, "", err
 	}

@@ -74,15 +74,6 @@ func (ss *scaleSetIntake) minterOr(rest *dispatch.GitHubMinter) dispatch.Minter 
 	return ss.minter
 }
 
-// serves is whether a job's labels are a scale-set pool's; nil without
-// the scale set intake.
-func (ss *scaleSetIntake) serves() func([]string) bool {
-	if ss == nil {
-		return nil
-	}
-	return ss.intake.Sets.Serves
-}
-
 // start runs the intake on the dispatcher's fold.
 func (ss *scaleSetIntake) start(ctx context.Context, s *System, d *dispatch.Dispatcher) {
 	ss.intake.Read = d.Read

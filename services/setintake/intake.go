@@ -130,7 +130,11 @@ func (in *Intake) serve(ctx context.Context, pool string) {
 			log.Warn("scale set lease unreadable", "err", err)
 		}
 		if !held {
-			if !in.wait(ctx, in.LeaseTTL/3) {
+			// A standby looks every ttl/6: the holder renews every
+			// ttl/3, so a dead holder's set is taken over within
+			// ttl + 2 looks of its last renewal (8 s at the default
+			// 6 s), and GitHub's queue waits no longer than that.
+			if !in.wait(ctx, in.LeaseTTL/6) {
 				return
 			}
 			continue

@@ -20,7 +20,6 @@ import (
 type Sets struct {
 	mu       sync.RWMutex
 	byKey    map[string]int
-	labels   [][]string      // every scale-set pool's labels seen
 	expected map[string]bool // labels of scale-set pools whose set is not known yet
 }
 
@@ -33,20 +32,6 @@ func (s *Sets) expect(labels []string) {
 		s.expected = map[string]bool{}
 	}
 	s.expected[events.LabelKey(labels)] = true
-	s.labels = append(s.labels, labels)
-}
-
-// Serves reports whether a scale-set pool's runners have every label of
-// a job's: the job reaches Berth through the scale set.
-func (s *Sets) Serves(jobLabels []string) bool {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	for _, l := range s.labels {
-		if events.Serves(l, jobLabels) {
-			return true
-		}
-	}
-	return false
 }
 
 func (s *Sets) pending(labels []string) bool {

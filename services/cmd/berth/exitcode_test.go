@@ -39,6 +39,17 @@ func TestAnUnknownCommandOrFlagSaysWhereTheKnownOnesAre(t *testing.T) {
 	}
 }
 
+// Given a command with subcommands of its own (berth agent), when it is
+// given a word that is none of them, then it exits 2 naming its commands,
+// not "accepts 0 arg(s)".
+func TestAnUnknownSubcommandNamesTheKnownOnes(t *testing.T) {
+	_, code, err := berthIn(t, "agent", "frob")
+	if code != exitUsage || err == nil || !strings.Contains(err.Error(), `no command "frob"`) ||
+		!strings.Contains(err.Error(), "install, uninstall") {
+		t.Errorf("berth agent frob: exit %d, %v; want %d naming install and uninstall", code, err, exitUsage)
+	}
+}
+
 // Given a help topic berth does not know, when `berth help TOPIC` runs,
 // then it exits 2 saying where the known ones are; a known topic exits 0
 // with that command's help.

@@ -173,6 +173,18 @@ func unknownCommand(err error) bool { return strings.HasPrefix(err.Error(), "unk
 // exactArgs is cobra.ExactArgs reporting a usage error (exit 2).
 func exactArgs(n int) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
+		if n == 0 && len(args) > 0 && cmd.HasAvailableSubCommands() {
+			// cobra runs a command that has subcommands and its own RunE
+			// for an unknown word, and would only count arguments.
+			var names []string
+			for _, c := range cmd.Commands() {
+				if c.IsAvailableCommand() {
+					names = append(names, c.Name())
+				}
+			}
+			return usageError{fmt.Errorf("%s has no command %q: its commands are %s (see %s --help)",
+				cmd.CommandPath(), args[0], strings.Join(names, ", "), cmd.CommandPath())}
+		}
 		if err := cobra.ExactArgs(n)(cmd, args); err != nil {
 			return usageError{fmt.Errorf("%w (see berth %s --help)", err, cmd.Name())}
 		}
@@ -531,6 +543,14 @@ func replayPrint(cmd *cobra.Command, js jetstream.JetStream, seq uint64, at stri
 // ends an operator's drain.
 var undo = map[string][]string{"uncordon": {"undrain"}}
 
+// reasonExample is the example's --reason: a reason for taking a host out,
+// one for bringing it back.
+var reasonExample = map[string]string{
+	"cordon":   ` --reason "disk replacement"`,
+	"drain":    ` --reason "disk replacement"`,
+	"uncordon": ` --reason "disk replaced"`,
+}
+
 func hostActionCmd(natsURL *string, action, short string) *cobra.Command {
 	var reason string
 	cmd := &cobra.Command{
@@ -538,7 +558,7 @@ func hostActionCmd(natsURL *string, action, short string) *cobra.Command {
 		Aliases: undo[action],
 		Short:   short,
 		Args:    exactArgs(1),
-		Example: "  berth " + action + " mac-mini-01 --reason \"disk replacement\"",
+		Example: "  berth " + action + " mac-mini-01" + reasonExample[action],
 		RunE: func(cmd *cobra.Command, args []string) error {
 			closeNC, js, err := run.JetStream(*natsURL)
 			if err != nil {

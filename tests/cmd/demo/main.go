@@ -110,9 +110,13 @@ func main() {
 		<-ctx.Done()
 	}
 	if ctx.Err() != nil {
+		arm() // the interrupt's own line said Ctrl-C again exits
+		fmt.Println("stopping…")
+	} else {
+		unwatch() // a Ctrl-C from here on is no interrupt of the run
 		arm()
+		fmt.Println("stopping… (Ctrl-C exits at once)")
 	}
-	fmt.Println("stopping… (Ctrl-C again exits at once)")
 	if serr := stopShowingProgress(f); serr != nil {
 		fmt.Fprintln(os.Stderr, "demo: shutdown:", serr)
 	}

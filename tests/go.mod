@@ -6,6 +6,7 @@ require (
 	github.com/actions/scaleset v0.4.0
 	github.com/chromedp/chromedp v0.23.1
 	github.com/google/go-github/v62 v62.0.0
+	github.com/google/pprof v0.0.0-20261105003125-4bf881d7fb0b
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3

@@ -9,13 +9,17 @@
 package sealing
 
 import (
+	"bytes"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/nats-io/nkeys"
+	"golang.org/x/crypto/nacl/box"
 )
 
 // Placement is the sealed plaintext: a JIT config and what it is for.
@@ -44,7 +48,81 @@ func Seal(kp nkeys.KeyPair, to string, p Placement) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return kp.Seal(b, to)
+	k, err := sharedKey(kp, to)
+	if err != nil {
+		return nil, fmt.Errorf("seal to %s: %w", to, err)
+	}
+	var nonce [nonceLen]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, len(xkeyVersion)+nonceLen+box.Overhead+len(b))
+	out = append(append(out, xkeyVersion...), nonce[:]...)
+	return box.SealAfterPrecomputation(out, b, &nonce, k), nil
+}
+
+// The NATS xkeys (nkeys xkeys.go, XKeyVersionV1) wire format a sealed
+// placement keeps: "xkv1", a 24-byte nonce, then the NaCl box. nkeys'
+// KeyPair.Seal and Open read and write the same bytes.
+const (
+	xkeyVersion = "xkv1"
+	nonceLen    = 24
+)
+
+// shared holds the X25519 shared key of each pair of curve keys met, by
+// (own key pair, peer public key). Computing it (box.Precompute) is the
+// cost of a seal or an open, and so is a curve key pair's PublicKey (a
+// scalar multiplication each call); nkeys does both for every box. A
+// process holds one key pair and a fleet few peers (its trusted
+// dispatchers, its hosts), so the map stays small.
+var shared sync.Map
+
+type pair struct {
+	own  nkeys.KeyPair // a pointer in nkeys: compared by identity
+	peer string
+}
+
+func sharedKey(kp nkeys.KeyPair, peer string) (*[32]byte, error) {
+	id := pair{kp, peer}
+	if k, ok := shared.Load(id); ok {
+		return k.(*[32]byte), nil
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		return nil, err
+	}
+	_, priv, err := nkeys.DecodeSeed(seed)
+	if err != nil || len(priv) != 32 {
+		return nil, fmt.Errorf("not a curve key: %v", err)
+	}
+	pub, err := nkeys.Decode(nkeys.PrefixByteCurve, []byte(peer))
+	if err != nil || len(pub) != 32 {
+		return nil, fmt.Errorf("%s is not a curve public key: %v", peer, err)
+	}
+	var k, privA, pubA [32]byte
+	copy(privA[:], priv)
+	copy(pubA[:], pub)
+	box.Precompute(&k, &pubA, &privA)
+	shared.Store(id, &k)
+	return &k, nil
+}
+
+// open is nkeys' KeyPair.Open with the shared key kept.
+func open(kp nkeys.KeyPair, sealed []byte, by string) ([]byte, error) {
+	if len(sealed) <= len(xkeyVersion)+nonceLen || !bytes.HasPrefix(sealed, []byte(xkeyVersion)) {
+		return nil, nkeys.ErrInvalidEncrypted
+	}
+	k, err := sharedKey(kp, by)
+	if err != nil {
+		return nil, err
+	}
+	var nonce [nonceLen]byte
+	copy(nonce[:], sealed[len(xkeyVersion):])
+	b, ok := box.OpenAfterPrecomputation(nil, sealed[len(xkeyVersion)+nonceLen:], &nonce, k)
+	if !ok {
+		return nil, nkeys.ErrCouldNotDecrypt
+	}
+	return b, nil
 }
 
 // Open opens a sealed placement with the agent's curve key kp. by is the
@@ -63,7 +141,7 @@ func Open(kp nkeys.KeyPair, sealed []byte, by string, trusted func(string) (bool
 			return nil, fmt.Errorf("%w: %s (the admin trusts a dispatcher with `berth trust add`)", ErrUntrusted, by)
 		}
 	}
-	b, err := kp.Open(sealed, by)
+	b, err := open(kp, sealed, by)
 	if err != nil {
 		return nil, fmt.Errorf("open the sealed JIT config: %w", err)
 	}

@@ -48,6 +48,9 @@ type FleetOptions struct {
 	Boot     time.Duration
 	Fixtures string
 	Logger   *slog.Logger
+	// HookSenders is how many webhook deliveries the simulator has in
+	// flight at once (ghsim.Config.HookSenders; 0: one at a time).
+	HookSenders int
 }
 
 // Fleet is a running system: embedded NATS, the GitHub simulator, the
@@ -130,7 +133,7 @@ func (f *Fleet) startSim(o FleetOptions, dispAddr, secret string) (string, error
 		Org: "example-org", Repo: "example-repo", FixturesDir: o.Fixtures, AcquireTimeout: 5 * time.Second,
 		// GitHub's own budget (15,000 calls an hour, one JIT config per job)
 		// would cap a long run near 4 jobs/s: the bench measures Berth.
-		RateLimitPerHour: 1 << 30})
+		RateLimitPerHour: 1 << 30, HookSenders: o.HookSenders})
 	if err != nil {
 		return "", err
 	}

@@ -71,6 +71,14 @@ type Config struct {
 	// ReofferAfter is how long a scale-set job may wait unacquired before
 	// it is offered again; 0 means DefaultReofferAfter.
 	ReofferAfter time.Duration
+	// HookSenders is how many webhook deliveries are in flight at once;
+	// 0 or 1: one at a time, in production order. GitHub delivers
+	// concurrently and promises no order ("Best practices for using
+	// webhooks": deliveries may arrive out of order); a job's own
+	// deliveries keep theirs here (each job's go to one sender, by job
+	// id), so a bench measures the receiver, not a single queue in front
+	// of it.
+	HookSenders int
 }
 
 // Sim is a simulated GitHub. All methods are safe for concurrent use.
@@ -86,8 +94,8 @@ type Sim struct {
 	sendCtx    context.Context
 	cancelSend context.CancelFunc
 	wg         sync.WaitGroup
-	wake       chan struct{} // cap 1: new webhook queued
-	stop       chan struct{} // closed by Close
+	wake       []chan struct{} // per sender, cap 1: new webhook queued
+	stop       chan struct{}   // closed by Close
 
 	mu         sync.Mutex
 	baseURL    string
@@ -103,7 +111,7 @@ type Sim struct {
 	nextRunner int64
 	changed    chan struct{} // closed and replaced on every job/runner change
 	deliveries []*delivery
-	outbox     []*delivery
+	outbox     [][]*delivery // per sender, in production order
 	apiCalls   map[string]int
 	rlUsed     int
 	rlReset    time.Time
@@ -151,10 +159,9 @@ func New(cfg Config) (*Sim, error) {
 		fx:          fx,
 		hookID:      400000000 + randInt63()%100000000,
 		acquireTTL:  ttl,
-		hookClient:  &http.Client{Transport: &http.Transport{}},
+		hookClient:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: max(cfg.HookSenders, 2)}},
 		sendCtx:     ctx,
 		cancelSend:  cancel,
-		wake:        make(chan struct{}, 1),
 		stop:        make(chan struct{}),
 		jobByID:     map[int64]*job{},
 		runners:     map[int64]*runner{},
@@ -172,8 +179,13 @@ func New(cfg Config) (*Sim, error) {
 		adminTokens: map[string]bool{},
 	}
 	s.handler = s.routes()
-	s.wg.Add(1)
-	go s.sendLoop()
+	senders := max(cfg.HookSenders, 1)
+	s.outbox, s.wake = make([][]*delivery, senders), make([]chan struct{}, senders)
+	for i := range senders {
+		s.wake[i] = make(chan struct{}, 1)
+		s.wg.Add(1)
+		go s.sendLoop(i)
+	}
 	return s, nil
 }
 

@@ -3,10 +3,13 @@ package ghsim_test
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-github/v62/github"
 
@@ -154,5 +157,59 @@ func TestFailedDeliveriesAreRecordedNotRetried(t *testing.T) {
 	testkit.Eventually(t, waitLimit, "unreachable delivery recorded", func() bool { d := dead.Deliveries(); return len(d) == 1 && d[0].Done })
 	if d := dead.Deliveries()[0]; d.StatusCode != 0 || d.Err == "" {
 		t.Fatalf("unreachable delivery: %+v", d)
+	}
+}
+
+// Given HookSenders 4, when 12 jobs are queued while the receiver holds
+// each delivery until a second one is in flight, then deliveries overlap
+// (as GitHub's do) and each job's webhook arrives exactly once. With one
+// sender the receiver would see one at a time (TestWebhooksKeepProductionOrder).
+func TestSeveralSendersDeliverConcurrently(t *testing.T) {
+	var mu sync.Mutex
+	inflight, most := 0, 0
+	overlap := make(chan struct{})
+	var once sync.Once
+	got := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		inflight++
+		most = max(most, inflight)
+		got[r.Header.Get("X-GitHub-Delivery")]++
+		if inflight >= 2 {
+			once.Do(func() { close(overlap) })
+		}
+		mu.Unlock()
+		select { // hold until another delivery is in flight, at most 5 s
+		case <-overlap:
+		case <-time.After(5 * time.Second):
+		}
+		mu.Lock()
+		inflight--
+		mu.Unlock()
+	}))
+	defer srv.Close()
+	sim, err := ghsim.New(ghsim.Config{WebhookURL: srv.URL, WebhookSecret: testSecret, Org: testOrg, Repo: testRepo,
+		FixturesDir: fixturesDir(t), HookSenders: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	for range 12 {
+		sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted"}})
+	}
+	testkit.Eventually(t, 10*time.Second, "12 deliveries", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) == 12
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if most < 2 {
+		t.Errorf("at most %d delivery in flight at once, want deliveries to overlap", most)
+	}
+	for id, n := range got {
+		if n != 1 {
+			t.Errorf("delivery %s arrived %d times", id, n)
+		}
 	}
 }

@@ -95,39 +95,40 @@ func (s *Sim) queueLocked(d *delivery) {
 	s.nextHookNo++
 	d.num = s.nextHookNo
 	s.deliveries = append(s.deliveries, d)
-	s.outbox = append(s.outbox, d)
+	i := int(uint64(d.view.JobID) % uint64(len(s.outbox))) // a job's deliveries stay in order
+	s.outbox[i] = append(s.outbox[i], d)
 	select {
-	case s.wake <- struct{}{}:
+	case s.wake[i] <- struct{}{}:
 	default:
 	}
 }
 
-// sendLoop delivers queued webhooks one at a time, in production order. Like
-// GitHub it records the outcome and never retries.
-func (s *Sim) sendLoop() {
+// sendLoop is sender i: it delivers its queued webhooks one at a time, in
+// production order. Like GitHub it records the outcome and never retries.
+func (s *Sim) sendLoop(i int) {
 	defer s.wg.Done()
 	for {
 		s.mu.Lock()
 		select {
 		case <-s.stop:
-			for _, d := range s.outbox {
+			for _, d := range s.outbox[i] {
 				d.view.Done, d.view.Err = true, "sim closed"
 			}
-			s.outbox = nil
+			s.outbox[i] = nil
 			s.mu.Unlock()
 			return
 		default:
 		}
-		if len(s.outbox) == 0 {
+		if len(s.outbox[i]) == 0 {
 			s.mu.Unlock()
 			select {
-			case <-s.wake:
+			case <-s.wake[i]:
 			case <-s.stop:
 			}
 			continue
 		}
-		d := s.outbox[0]
-		s.outbox = s.outbox[1:]
+		d := s.outbox[i][0]
+		s.outbox[i] = s.outbox[i][1:]
 		s.mu.Unlock()
 		if s.lost(d) {
 			s.log.Info("webhook lost", "delivery", d.view.ID, "action", d.view.Action, "job_id", d.view.JobID)

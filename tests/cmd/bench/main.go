@@ -73,6 +73,7 @@ var smoke = sizes{
 // options are the command line's choices other than the sizes.
 type options struct {
 	isSmoke, noWrite, goBench, bareLabel bool
+	hookSenders                          int
 	out, only, cpuProfile                string
 	heapDir, logLevel, asCmd             string
 	scaleProfile                         string
@@ -107,7 +108,8 @@ func main() {
 	defer stop()
 
 	env := bench.Env{Fixtures: fixtures, Seed: o.seed, Timeout: s.phaseTimeout, Stall: s.stall, BareLabel: o.bareLabel, Unloaded: &bench.Unloaded{},
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})),
+		HookSenders: o.hookSenders,
+		Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})),
 		Progress: func(format string, args ...any) {
 			fmt.Printf("[%s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
 		}}
@@ -156,6 +158,7 @@ func parseFlags() (options, sizes) {
 	flag.StringVar(&o.logLevel, "log-level", "error", "services' log level (to stderr): debug, info, warn, error")
 	flag.StringVar(&o.asCmd, "invoked-as", "", "the command to record in BENCHMARKS.md (the Makefile sets it)")
 	flag.Uint64Var(&o.seed, "seed", 1, "workload seed")
+	flag.IntVar(&o.hookSenders, "hook-senders", 8, "webhook deliveries the simulator has in flight at once, each job's in order (GitHub delivers concurrently; 1: one at a time, in order)")
 	flag.BoolVar(&o.bareLabel, "bare-label", false, "add jobs whose runs-on is just \"self-hosted\" (runners of either pool may take them)")
 	sizeFlags(&s)
 	flag.Parse()

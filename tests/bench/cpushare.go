@@ -1,0 +1,88 @@
+package bench
+
+import (
+	"bytes"
+	"fmt"
+	"runtime/pprof"
+	"strings"
+	"time"
+
+	"github.com/google/pprof/profile"
+)
+
+// Part is who a CPU sample is charged to.
+type Part string
+
+// The parts of the bench's one process. The simulator stands in for GitHub
+// and for the VMs and their runners (ghsim, the InProc backend and the
+// runner goroutines), so it is left out of Berth's share; the NATS server
+// is counted apart, as the issue asks; Other is what no stack names an
+// owner of: the garbage collector, the scheduler, a syscall entered from
+// the runtime.
+const (
+	PartBerth Part = "berth"
+	PartNATS  Part = "nats-server"
+	PartSim   Part = "simulator"
+	PartOther Part = "other"
+)
+
+// partOf charges one stack (leaf first) to a part: a frame of the
+// simulator or the bench's VMs wins over Berth's (the agent calling its
+// backend is the VM's cost), the NATS server's over the client's.
+func partOf(funcs []string) Part {
+	part := PartOther
+	for _, fn := range funcs {
+		switch {
+		case strings.Contains(fn, "/berth/tests/ghsim") || strings.Contains(fn, "/berth/tests/bench."):
+			return PartSim
+		case strings.Contains(fn, "nats-io/nats-server/"):
+			part = PartNATS
+		case part == PartOther && (strings.Contains(fn, "berth-ci/berth/") || strings.Contains(fn, "nats-io/nats.go")):
+			part = PartBerth
+		}
+	}
+	return part
+}
+
+// CPUShares is CPU time by part, from a CPU profile.
+type CPUShares map[Part]time.Duration
+
+// SharesOf reads a CPU profile (pprof's protobuf, as runtime/pprof writes
+// it) and sums its CPU samples by part.
+func SharesOf(raw []byte) (CPUShares, error) {
+	p, err := profile.Parse(bytes.NewReader(raw))
+	if err != nil {
+		return nil, fmt.Errorf("read CPU profile: %w", err)
+	}
+	idx := -1
+	for i, st := range p.SampleType {
+		if st.Type == "cpu" {
+			idx = i
+		}
+	}
+	if idx < 0 {
+		return nil, fmt.Errorf("read CPU profile: no cpu sample type")
+	}
+	out := CPUShares{}
+	for _, s := range p.Sample {
+		var funcs []string
+		for _, loc := range s.Location {
+			for _, l := range loc.Line {
+				if l.Function != nil {
+					funcs = append(funcs, l.Function.Name)
+				}
+			}
+		}
+		out[partOf(funcs)] += time.Duration(s.Value[idx])
+	}
+	return out, nil
+}
+
+// profileCPU profiles the process's CPU into buf until stop (a profile
+// already running, from -cpuprofile, is left to its owner: ok is false).
+func profileCPU(buf *bytes.Buffer) (stop func(), ok bool) {
+	if err := pprof.StartCPUProfile(buf); err != nil {
+		return func() {}, false
+	}
+	return pprof.StopCPUProfile, true
+}

@@ -94,3 +94,13 @@ func (h *jobHeap) Pop() any {
 // hosts walks every host, as pickHost did before the fold kept the hosts
 // with room.
 func (s scanDemand) hosts(string) iter.Seq[*events.Host] { return maps.Values(s.f.Hosts) }
+
+// JobFactOf is the fact the intake stores for a workflow_job payload, by
+// its own decoding.
+func JobFactOf(delivery string, payload []byte, installation string) (events.Payload, error) {
+	e, err := decodeWorkflowJob(payload)
+	if err != nil || e.WorkflowJob == nil {
+		return nil, err
+	}
+	return jobFact(delivery, e, installation), nil
+}

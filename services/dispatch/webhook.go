@@ -17,7 +17,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/crashpoint"
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/google/go-github/v62/github"
@@ -119,26 +118,32 @@ func (in *Intake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		in.reply(w, no.code, event, "", no.outcome, no.msg)
 		return
 	}
-	parsed, err := github.ParseWebHook(event, payload)
-	if err != nil {
-		if event == "workflow_job" || event == "ping" {
-			// A signed delivery we cannot read must not look delivered:
-			// GitHub shows a 400 as failed, and it can be redelivered.
-			in.reply(w, http.StatusBadRequest, event, "", "bad_request",
-				"unreadable "+event+" payload: "+err.Error()+"; send GitHub's payload unchanged")
+	switch event {
+	case "workflow_job":
+		e, err := decodeWorkflowJob(payload)
+		if err != nil {
+			in.unreadable(w, event, err)
 			return
 		}
-		in.reply(w, http.StatusAccepted, event, "", "ignored", "event not handled: "+event)
-		return
-	}
-	switch e := parsed.(type) {
-	case *github.PingEvent:
-		in.reply(w, http.StatusOK, event, "", "ping", e.GetZen())
-	case *github.WorkflowJobEvent:
 		in.store(w, r, delivery, e)
+	case "ping":
+		var p github.PingEvent
+		if err := json.Unmarshal(payload, &p); err != nil {
+			in.unreadable(w, event, err)
+			return
+		}
+		in.reply(w, http.StatusOK, event, "", "ping", p.GetZen())
 	default:
 		in.reply(w, http.StatusAccepted, event, "", "ignored", "event not handled: "+event)
 	}
+}
+
+// unreadable answers a signed delivery whose payload does not have GitHub's
+// shape. It must not look delivered: GitHub shows a 400 as failed, and it
+// can be redelivered.
+func (in *Intake) unreadable(w http.ResponseWriter, event string, err error) {
+	in.reply(w, http.StatusBadRequest, event, "", "bad_request",
+		"unreadable "+event+" payload: "+err.Error()+"; send GitHub's payload unchanged")
 }
 
 // admit reads the body and decides whether the delivery may be read at all:
@@ -275,24 +280,24 @@ func clip(s string) string {
 }
 
 // store appends the fact a signed, well-formed workflow_job delivery carries.
-func (in *Intake) store(w http.ResponseWriter, r *http.Request, delivery string, e *github.WorkflowJobEvent) {
+func (in *Intake) store(w http.ResponseWriter, r *http.Request, delivery string, e *workflowJobEvent) {
 	const event = "workflow_job"
-	if e.WorkflowJob == nil || e.GetWorkflowJob().GetID() <= 0 {
-		in.reply(w, http.StatusBadRequest, event, e.GetAction(), "bad_request",
+	if e.jobID() <= 0 {
+		in.reply(w, http.StatusBadRequest, event, e.Action, "bad_request",
 			"workflow_job payload without a job id: send GitHub's payload unchanged")
 		return
 	}
-	scaleSet, err := in.scaleSet(r.Context(), e.GetWorkflowJob().Labels)
+	scaleSet, err := in.scaleSet(r.Context(), e.labels())
 	if err != nil {
 		in.Logger.Warn("webhook not stored: cannot tell yet whether its job is a scale set's", "delivery", delivery, "err", err)
 		w.Header().Set("Retry-After", "1")
-		in.reply(w, http.StatusServiceUnavailable, event, e.GetAction(), "unavailable",
+		in.reply(w, http.StatusServiceUnavailable, event, e.Action, "unavailable",
 			"the dispatcher is still reading the event log; redeliver this delivery from the GitHub UI or API in a few seconds")
 		return
 	}
 	if scaleSet {
-		if e.GetAction() == "queued" {
-			in.reply(w, http.StatusAccepted, event, e.GetAction(), "scale_set",
+		if e.Action == "queued" {
+			in.reply(w, http.StatusAccepted, event, e.Action, "scale_set",
 				"this job's pool is served through its runner scale set, whose messages carry it: nothing to do")
 			return
 		}
@@ -302,7 +307,7 @@ func (in *Intake) store(w http.ResponseWriter, r *http.Request, delivery string,
 	}
 	p := jobFact(delivery, e, in.Installation)
 	if p == nil {
-		in.reply(w, http.StatusAccepted, event, e.GetAction(), "ignored", "action not tracked")
+		in.reply(w, http.StatusAccepted, event, e.Action, "ignored", "action not tracked")
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
@@ -315,13 +320,13 @@ func (in *Intake) store(w http.ResponseWriter, r *http.Request, delivery string,
 	case errors.Is(err, nats.ErrMaxPayload):
 		// Not the log being down: the same delivery would fail again.
 		in.Logger.Warn("webhook not stored: fact over max_payload", "delivery", delivery, "err", err)
-		in.reply(w, http.StatusBadRequest, event, e.GetAction(), "bad_request",
+		in.reply(w, http.StatusBadRequest, event, e.Action, "bad_request",
 			"this job's fact is larger than the event log's max_payload (labels or names too long): "+
 				"shorten them, or raise max_payload in the NATS server's config")
 		return
 	case err != nil:
 		in.Logger.Error("webhook not stored", "delivery", delivery, "err", err)
-		in.reply(w, http.StatusServiceUnavailable, event, e.GetAction(), "unavailable",
+		in.reply(w, http.StatusServiceUnavailable, event, e.Action, "unavailable",
 			"event log unavailable; redeliver this delivery from the GitHub UI or API")
 		return
 	}
@@ -330,8 +335,8 @@ func (in *Intake) store(w http.ResponseWriter, r *http.Request, delivery string,
 	if dup {
 		outcome = "duplicate"
 	}
-	in.Logger.Debug("webhook stored", "delivery", delivery, "job", e.GetWorkflowJob().GetID(), "action", e.GetAction(), "seq", seq)
-	in.reply(w, http.StatusAccepted, event, e.GetAction(), outcome, "")
+	in.Logger.Debug("webhook stored", "delivery", delivery, "job", e.jobID(), "action", e.Action, "seq", seq)
+	in.reply(w, http.StatusAccepted, event, e.Action, outcome, "")
 }
 
 // scaleSet is whether a job with labels comes through a scale set (false
@@ -369,29 +374,4 @@ func metricLabel(v string, known []string) string {
 		}
 	}
 	return "other"
-}
-
-// jobFact turns a workflow_job webhook into a fact, or nil for actions Berth
-// does not track.
-func jobFact(delivery string, e *github.WorkflowJobEvent, installation string) events.Payload {
-	j := e.GetWorkflowJob()
-	ref := events.JobRef{
-		Delivery: delivery, JobID: j.GetID(), RunID: j.GetRunID(), RunAttempt: j.GetRunAttempt(),
-		Org: e.GetRepo().GetOwner().GetLogin(), Repo: e.GetRepo().GetName(), Name: j.GetName(),
-		Labels: j.Labels, Installation: installation,
-	}
-	if ref.Labels == nil {
-		ref.Labels = []string{}
-	}
-	switch e.GetAction() {
-	case "queued":
-		return events.JobQueued{JobRef: ref}
-	case "waiting":
-		return events.JobWaiting{JobRef: ref}
-	case "in_progress":
-		return events.JobInProgress{JobRef: ref, RunnerName: j.GetRunnerName(), RunnerID: j.GetRunnerID()}
-	case "completed":
-		return events.JobCompleted{JobRef: ref, Conclusion: j.GetConclusion(), RunnerName: j.GetRunnerName(), RunnerID: j.GetRunnerID()}
-	}
-	return nil
 }

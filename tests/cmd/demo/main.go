@@ -97,6 +97,7 @@ func main() {
 	}
 	fmt.Printf("up in %s: NATS %s, dispatcher http://%s, watchdog http://%s, agents %s, GitHub simulator %s\n",
 		time.Since(start).Round(100*time.Millisecond), f.Sys.NATSURL, f.Sys.DispatcherAddr, f.Sys.WatchdogAddr, agents(f), f.Sim.URL())
+	fmt.Println("  (each service answers GET /healthz and /metrics, the dispatcher and the watchdog also /status; the simulator answers GitHub's REST paths)")
 	fmt.Printf("the fleet at a glance, live in a browser: http://%s/\n", f.Sys.PageAddr)
 	rep, err := f.Drive(ctx, o)
 	rep.Elapsed = time.Since(start)

@@ -157,9 +157,10 @@ func TestABusyDemoStopsWithinSecondsOfCtrlC(t *testing.T) {
 		t.Errorf("summary: %d served, %d not served, %d unfinished; want them to add up to the 80 jobs, some unfinished", served, notServed, unfinished)
 	}
 	t.Logf("summary: %d served, %d unfinished when interrupted", served, unfinished)
-	// It said where everything listens: the watchdog, each agent, the page.
+	// It said where everything listens (the watchdog, each agent, the page)
+	// and what those addresses answer: their / is a 404.
 	for _, want := range []string{"watchdog http://127.0.0.1:", "host-a http://127.0.0.1:", "host-b http://127.0.0.1:",
-		"the fleet at a glance, live in a browser: http://127.0.0.1:"} {
+		"GET /healthz and /metrics", "the fleet at a glance, live in a browser: http://127.0.0.1:"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}

@@ -79,14 +79,16 @@ func (h *scriptHV) Drop(ctx context.Context, a string) error {
 }
 
 // fakeRunner is an actions/runner directory whose run.sh records its
-// arguments, prints its version as actions/runner does, then exits with
+// arguments (whole: written aside, then renamed, so a reader never sees
+// the file empty), prints its version as actions/runner does, then exits with
 // status 3 once the file "finish" appears.
 func fakeRunner(t *testing.T) string {
 	dir := t.TempDir()
 	must(t, os.MkdirAll(filepath.Join(dir, "bin"), 0o755))
 	must(t, os.WriteFile(filepath.Join(dir, "bin", "Runner.Listener"), []byte("#!/bin/sh\necho 2.330.0\n"), 0o755))
 	must(t, os.WriteFile(filepath.Join(dir, "run.sh"), []byte(`#!/bin/sh
-printf '%s\n' "$@" > "$(dirname "$0")/args"
+printf '%s\n' "$@" > "$(dirname "$0")/args.tmp"
+mv "$(dirname "$0")/args.tmp" "$(dirname "$0")/args"
 echo "Current runner version: '2.330.0'"
 while [ ! -e "$(dirname "$0")/finish" ]; do sleep 0.01; done
 exit 3
@@ -129,9 +131,12 @@ func TestTheShippedGuestDaemonStartsTheRunnerFromTheShare(t *testing.T) {
 			if string(got) != "--jitconfig\nencoded-jit\n" {
 				t.Errorf("run.sh got %q; want --jitconfig and the encoded config", got)
 			}
-			if got, _ := os.ReadFile(filepath.Join(shared, RunnerStarted)); strings.TrimSpace(string(got)) != "2.330.0" {
-				t.Errorf("runner-started = %q; want the runner's version", got)
-			}
+			// The daemon writes runner-started once the runner printed its
+			// version: after run.sh's arguments, not with them.
+			testkit.Eventually(t, 20*time.Second, "runner-started with the runner's version", func() bool {
+				got, _ := os.ReadFile(filepath.Join(shared, RunnerStarted))
+				return strings.TrimSpace(string(got)) == "2.330.0"
+			})
 			testkit.Eventually(t, 20*time.Second, "the runner's output on the share", func() bool {
 				out, err := fx.b.RunnerOutput(ctx, vm)
 				return err == nil && runnerlog.Read(out).Version == "2.330.0"

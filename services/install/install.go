@@ -103,6 +103,7 @@ type layout struct {
 	manifest string
 	shutdown time.Duration
 	stop     time.Duration
+	notes    []string // configNotes, for Result.Notes
 }
 
 func (o Options) resolve() (*layout, error) {
@@ -172,6 +173,7 @@ func (l *layout) readConfig() ([]byte, error) {
 	for _, a := range c.Agents {
 		hosts = append(hosts, a.Host)
 		if a.Host == l.o.Host || l.o.Host == "" && len(c.Agents) == 1 {
+			l.notes = configNotes(b, c, l.o.CredsFrom != "", l.workDir)
 			l.shutdown = a.ShutdownTimeout
 			if st := a.Backend.Steps(); st != nil {
 				l.stop = st.StopTimeout
@@ -393,6 +395,7 @@ func Install(o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	res.Notes = append(res.Notes, l.notes...)
 	files := []file{{path: l.o.ConfigPath, data: cfg, mode: 0o600, own: true}}
 	if l.o.CredsFrom != "" {
 		creds, err := os.ReadFile(l.o.CredsFrom)

@@ -581,3 +581,35 @@ func TestAPreviewNeedsNoBinaryUnderItsRoot(t *testing.T) {
 		t.Errorf("second preview %+v: want nothing written and %v unchanged", again, res.Written)
 	}
 }
+
+// Given a config copied from a checkout (a dispatcher section, an exec
+// step named relative to the checkout) and no credentials, when it is
+// installed, then the result says each of the three, with what to do; a
+// config made for the host says nothing.
+func TestInstallSaysWhatTheCopiedConfigLacksOnAHost(t *testing.T) {
+	tg := newTarget(t, `dispatcher:
+  webhook_secret: s3cret
+agents:
+  - host: host-a
+    pools:
+      linux: {labels: [self-hosted, linux], slots: 2}
+    backend:
+      exec: {create: [sh, ../install/install.go], stop: [/bin/true]}
+`)
+	o := tg.opts(Linux)
+	o.CredsFrom = ""
+	res, err := Install(o)
+	must(t, err)
+	all := strings.Join(res.Notes, "\n")
+	for _, want := range []string{"also holds dispatcher", "../install/install.go", "/var/lib/berth", "no NATS credentials", "--creds-from"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("notes lack %q:\n%s", want, all)
+		}
+	}
+	clean := newTarget(t, agentYAML)
+	res, err = Install(clean.opts(Linux))
+	must(t, err)
+	if len(res.Notes) != 0 {
+		t.Errorf("a config made for the host got notes: %v", res.Notes)
+	}
+}

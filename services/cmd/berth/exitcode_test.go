@@ -31,7 +31,7 @@ func berthIn(t *testing.T, args ...string) (string, int, error) {
 // Given a command or a flag berth does not know, when it runs, then it
 // exits 2 and what it prints says where the known ones are listed.
 func TestAnUnknownCommandOrFlagSaysWhereTheKnownOnesAre(t *testing.T) {
-	for args, want := range map[string]string{"nosuch": "berth --help", "status --nosuch": "berth COMMAND --help"} {
+	for args, want := range map[string]string{"nosuch": "berth --help", "status --nosuch": "berth status --help", "agent install --nosuch": "berth agent install --help"} {
 		_, code, err := berthIn(t, strings.Fields(args)...)
 		if code != exitUsage || err == nil || !strings.Contains(errorText(err), want) {
 			t.Errorf("berth %s: exit %d, prints %q; want %d and a pointer to %q", args, code, errorText(err), exitUsage, want)

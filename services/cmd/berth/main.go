@@ -64,7 +64,7 @@ func errorText(err error) string {
 	switch msg := err.Error(); {
 	case unknownCommand(err):
 		s += "\nrun `berth --help` to list the commands"
-	case strings.HasPrefix(msg, "unknown flag") || strings.HasPrefix(msg, "unknown shorthand flag"):
+	case (strings.HasPrefix(msg, "unknown flag") || strings.HasPrefix(msg, "unknown shorthand flag")) && !strings.Contains(msg, "--help"):
 		s += "\nrun `berth COMMAND --help` to list a command's flags"
 	}
 	return s
@@ -784,9 +784,14 @@ var rawParse = regexp.MustCompile(`: strconv\.Parse\w+: parsing "[^"]*": (invali
 
 // flagError is a usage error (exit 2) in words: a value that is not a
 // number says so, not strconv's message.
-func flagError(_ *cobra.Command, err error) error {
-	if msg := rawParse.ReplaceAllString(err.Error(), ": give a whole number"); msg != err.Error() {
-		return usageError{errors.New(msg)}
+func flagError(c *cobra.Command, err error) error {
+	msg := err.Error()
+	switch {
+	case rawParse.MatchString(msg):
+		return usageError{errors.New(rawParse.ReplaceAllString(msg, ": give a whole number"))}
+	case strings.HasPrefix(msg, "unknown flag") || strings.HasPrefix(msg, "unknown shorthand flag"):
+		// Name the command whose flags to list, not "COMMAND".
+		return usageError{fmt.Errorf("%w\nrun `%s --help` to list its flags", err, c.CommandPath())}
 	}
 	return usageError{err}
 }

@@ -59,7 +59,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 	go s.Start()
 	if !s.ReadyForConnections(10 * time.Second) {
 		s.Shutdown()
-		return nil, fmt.Errorf("embedded nats on %s not ready after 10s: is the port in use? pick another with --nats-listen", cfg.Listen)
+		return nil, fmt.Errorf("embedded nats on %s not ready after 10s: is the port in use? pick another with --nats-listen (make demo: DEMO_FLAGS=-nats-listen=127.0.0.1:0)", cfg.Listen)
 	}
 	return s, nil
 }
@@ -70,7 +70,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 func free(addr, port string) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("embedded nats cannot listen on %s: %w; stop what holds it (ss -ltnp | grep :%s) or pick another address with --nats-listen (127.0.0.1:0 takes any free port)",
+		return fmt.Errorf("embedded nats cannot listen on %s: %w; stop what holds it (ss -ltnp | grep :%s) or pick another address with --nats-listen (127.0.0.1:0 takes any free port; make demo: DEMO_FLAGS=-nats-listen=127.0.0.1:0)",
 			addr, err, port)
 	}
 	return ln.Close()

@@ -458,7 +458,12 @@ func PrintSummary(w io.Writer, r Report, keep bool) {
 	fmt.Fprintf(w, "  ./bin/nats --server %s stream subjects BERTH_EVENTS 'berth.evt.job.>'   # job ids\n", r.NATSURL)
 	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s status\n", r.NATSURL)
 	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s events --job <job id>\n", r.NATSURL)
-	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s replay --check --service %s --service %s\n", r.NATSURL, r.Dispatcher, r.Watchdog)
+	dispatcher, watchdog := r.Dispatcher, r.Watchdog
+	if !keep {
+		// Their ports are picked afresh each run: the -keep run prints its own.
+		dispatcher, watchdog = "<dispatcher address it prints>", "<watchdog address it prints>"
+	}
+	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s replay --check --service %s --service %s\n", r.NATSURL, dispatcher, watchdog)
 	switch {
 	case r.Interrupted:
 		fmt.Fprintf(w, "RESULT: INTERRUPTED after %s: %d of %d jobs served, %d unfinished, %d not yet sent (their slots and VMs end with the system)\n",

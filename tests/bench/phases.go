@@ -587,6 +587,10 @@ func Memory(ctx context.Context, e Env, o MemoryOptions) (Result, error) {
 	if err := heapProfile(o.HeapProfileDir, "heap-before.pb.gz"); err != nil {
 		return res, err
 	}
+	heapBefore, err := exactHeap()
+	if err != nil {
+		return res, err
+	}
 	if _, err := e.drive(ctx, "memory", f, specs[o.Warmup:], fd, settled(o.Jobs)); err != nil {
 		return res, err
 	}
@@ -596,6 +600,10 @@ func Memory(ctx context.Context, e Env, o MemoryOptions) (Result, error) {
 	}
 	after := measure()
 	if err := heapProfile(o.HeapProfileDir, "heap-after.pb.gz"); err != nil {
+		return res, err
+	}
+	heapAfter, err := exactHeap()
+	if err != nil {
 		return res, err
 	}
 	// The simulator keeps every job and every webhook it sent: close it
@@ -643,7 +651,39 @@ func Memory(ctx context.Context, e Env, o MemoryOptions) (Result, error) {
 	if o.HeapProfileDir != "" {
 		res.Notes = append(res.Notes, "heap profiles: `go tool pprof -top -diff_base "+o.HeapProfileDir+"/heap-before.pb.gz "+o.HeapProfileDir+"/heap-after.pb.gz`")
 	}
+	if heapBefore != nil {
+		res.Rows = append(res.Rows, heapByOwner(heapBefore, heapAfter, n))
+	}
 	return res, nil
+}
+
+// exactHeap is the heap by owner when every allocation is sampled
+// (-heap-owners), else nil.
+func exactHeap() (HeapShares, error) {
+	if runtime.MemProfileRate != 1 {
+		return nil, nil
+	}
+	var buf bytes.Buffer
+	if err := pprof.Lookup("heap").WriteTo(&buf, 0); err != nil {
+		return nil, err
+	}
+	return HeapSharesOf(buf.Bytes())
+}
+
+// heapByOwner is the heap retained per job by each part, from exact heap
+// profiles taken beside the before and after measures.
+func heapByOwner(before, after HeapShares, jobs float64) Row {
+	per := func(p Part) string {
+		d := after[p]
+		b := before[p]
+		return fmt.Sprintf("%s, %.1f objects", bytesStr(float64(d[0]-b[0])/jobs), float64(d[1]-b[1])/jobs)
+	}
+	berth := float64(after[PartBerth][0]-before[PartBerth][0]) / jobs
+	objs := float64(after[PartBerth][1]-before[PartBerth][1]) / jobs
+	return Row{Figure: "Memory: retained per job by owner, every allocation sampled (-heap-owners): Berth's folds and services",
+		Value:     fmt.Sprintf("%s and %.1f objects per job", bytesStr(berth), objs),
+		Reference: fmt.Sprintf("NATS server %s; simulator %s; runtime %s", per(PartNATS), per(PartSim), per(PartOther)),
+		Target:    target("≤ 64 B and ≤ 0.1 heap objects per job", berth <= 64 && objs <= 0.1)}
 }
 
 // ReplayOptions size the replay phase.

@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -74,6 +75,7 @@ var smoke = sizes{
 type options struct {
 	isSmoke, noWrite, goBench, bareLabel bool
 	hookSenders                          int
+	heapOwners                           bool
 	out, only, cpuProfile                string
 	heapDir, logLevel, asCmd             string
 	scaleProfile                         string
@@ -90,6 +92,11 @@ type phase struct {
 func main() {
 	began := time.Now()
 	o, s := parseFlags()
+	if o.heapOwners {
+		// Every allocation from here on is sampled, so the memory phase's
+		// heap profiles part the retained heap exactly (and slowly).
+		runtime.MemProfileRate = 1
+	}
 	mode := "full"
 	if o.isSmoke {
 		mode = "smoke"
@@ -158,6 +165,7 @@ func parseFlags() (options, sizes) {
 	flag.StringVar(&o.logLevel, "log-level", "error", "services' log level (to stderr): debug, info, warn, error")
 	flag.StringVar(&o.asCmd, "invoked-as", "", "the command to record in BENCHMARKS.md (the Makefile sets it)")
 	flag.Uint64Var(&o.seed, "seed", 1, "workload seed")
+	flag.BoolVar(&o.heapOwners, "heap-owners", false, "sample every allocation, so the memory phase parts the retained heap by owner (Berth, NATS, simulator); slow: use with -phases memory")
 	flag.IntVar(&o.hookSenders, "hook-senders", 8, "webhook deliveries the simulator has in flight at once, each job's in order (GitHub delivers concurrently; 1: one at a time, in order)")
 	flag.BoolVar(&o.bareLabel, "bare-label", false, "add jobs whose runs-on is just \"self-hosted\" (runners of either pool may take them)")
 	sizeFlags(&s)

@@ -65,15 +65,7 @@ func SharesOf(raw []byte) (CPUShares, error) {
 	}
 	out := CPUShares{}
 	for _, s := range p.Sample {
-		var funcs []string
-		for _, loc := range s.Location {
-			for _, l := range loc.Line {
-				if l.Function != nil {
-					funcs = append(funcs, l.Function.Name)
-				}
-			}
-		}
-		out[partOf(funcs)] += time.Duration(s.Value[idx])
+		out[partOf(funcsOf(s))] += time.Duration(s.Value[idx])
 	}
 	return out, nil
 }
@@ -112,19 +104,24 @@ func HeapSharesOf(raw []byte) (HeapShares, error) {
 	}
 	out := HeapShares{}
 	for _, s := range p.Sample {
-		var funcs []string
-		for _, loc := range s.Location {
-			for _, l := range loc.Line {
-				if l.Function != nil {
-					funcs = append(funcs, l.Function.Name)
-				}
-			}
-		}
-		part := partOf(funcs)
+		part := partOf(funcsOf(s))
 		v := out[part]
 		v[0] += s.Value[space]
 		v[1] += s.Value[objs]
 		out[part] = v
 	}
 	return out, nil
+}
+
+// funcsOf is a sample's stack as function names, leaf first.
+func funcsOf(s *profile.Sample) []string {
+	var funcs []string
+	for _, loc := range s.Location {
+		for _, l := range loc.Line {
+			if l.Function != nil {
+				funcs = append(funcs, l.Function.Name)
+			}
+		}
+	}
+	return funcs
 }

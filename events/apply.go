@@ -250,7 +250,7 @@ func (f *Fleet) jobFact(r JobRef, st JobStatus, at time.Time, runner, conclusion
 			f.Deliveries[r.Delivery] = at
 		}
 	}
-	f.sawRepo(r.Org, r.Repo, at)
+	f.sawRepo(r.Installation, r.Org, r.Repo, at)
 	if f.Settled(r.JobID) {
 		return // a redelivery of a job that is over
 	}

@@ -78,30 +78,37 @@ type history struct {
 	placements tombs[uint64] // attempts of AttemptID's form, packed (packAttempt)
 	attempts   tombs[string] // other attempts (warm VMs)
 	deliveries deliveryTombs
-	// repos: each owner/repo a job fact named, with the time of the last
-	// (unix seconds): where the dispatcher polls for lost webhooks, kept
-	// per repository for the retention, not per job.
-	repos map[[2]string]int64
+	// repos: each owner/repo a job fact of an installation named, with
+	// the time of the last (unix seconds): where the dispatcher polls for
+	// lost webhooks and sweeps runners, through that installation's
+	// client, kept per repository for the retention, not per job.
+	repos map[repoKey]int64
 	peaks peaks
 }
 
-// Repos lists every owner/repo a job fact named within the retention.
-func (f *Fleet) Repos() [][2]string {
-	out := make([][2]string, 0, len(f.history.repos))
+// repoKey is a repository as one installation reaches it.
+type repoKey struct{ installation, org, repo string }
+
+// Repos lists every owner/repo a job fact of installation ("": the
+// default) named within the retention, unsorted.
+func (f *Fleet) Repos(installation string) [][2]string {
+	var out [][2]string
 	for k := range f.history.repos {
-		out = append(out, k)
+		if k.installation == installation {
+			out = append(out, [2]string{k.org, k.repo})
+		}
 	}
 	return out
 }
 
-func (f *Fleet) sawRepo(org, repo string, at time.Time) {
+func (f *Fleet) sawRepo(installation, org, repo string, at time.Time) {
 	if org == "" || repo == "" {
 		return
 	}
 	if f.history.repos == nil {
-		f.history.repos = map[[2]string]int64{}
+		f.history.repos = map[repoKey]int64{}
 	}
-	k := [2]string{org, repo}
+	k := repoKey{installation, org, repo}
 	if s := at.Unix(); s > f.history.repos[k] {
 		f.history.repos[k] = s
 	}

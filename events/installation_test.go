@@ -65,3 +65,34 @@ func TestAPoolClaimedForAnotherInstallationThanGrantedIsNotOffered(t *testing.T)
 		t.Errorf("over-claim %q, want globex-mac's installation", h.Overclaim)
 	}
 }
+
+// Given jobs of two installations in repositories of their own, when the
+// fold is asked where each installation's client polls and sweeps, then
+// each gets only its own repositories, from the fold's repository history
+// (kept apart from the job records compaction removes), also after a
+// snapshot: one installation's client cannot read another's repositories.
+func TestEachInstallationKeepsItsOwnRepositories(t *testing.T) {
+	acme, dflt := installationJob(10, "acme"), installationJob(11, "")
+	acme.Org, acme.Repo = "acme", "app"
+	dflt.Org, dflt.Repo = "example-org", "example-repo"
+	f := given(ev(1, 0, acme), ev(2, 1, dflt))
+	check := func(when string, f *events.Fleet) {
+		t.Helper()
+		if got := f.Repos("acme"); len(got) != 1 || got[0] != [2]string{"acme", "app"} {
+			t.Errorf("%s: acme's repositories %v, want acme/app only", when, got)
+		}
+		if got := f.Repos(""); len(got) != 1 || got[0] != [2]string{"example-org", "example-repo"} {
+			t.Errorf("%s: the default installation's repositories %v, want example-org/example-repo only", when, got)
+		}
+	}
+	check("folded", f)
+	b, err := events.MarshalSnapshot(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := events.UnmarshalSnapshot(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("after a snapshot", back)
+}

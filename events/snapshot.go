@@ -41,9 +41,10 @@ type (
 		Last snapStamp `json:"last_stamp"`
 	}
 	snapRepo struct {
-		Org  string `json:"org"`
-		Repo string `json:"repo"`
-		At   int64  `json:"at"`
+		Installation string `json:"installation,omitempty"`
+		Org          string `json:"org"`
+		Repo         string `json:"repo"`
+		At           int64  `json:"at"`
 	}
 	snapshot struct {
 		Version        int                  `json:"version"`
@@ -84,10 +85,11 @@ func MarshalSnapshot(f *Fleet) ([]byte, error) {
 		SettledJobs: f.history.jobs, SettledAttempts: f.history.attempts, SettledPlaced: f.history.placements, SawJobs: f.sawJobs,
 		SettledDeliveries: f.history.deliveries.marshal()}
 	for k, at := range f.history.repos {
-		s.Repos = append(s.Repos, snapRepo{k[0], k[1], at})
+		s.Repos = append(s.Repos, snapRepo{k.installation, k.org, k.repo, at})
 	}
 	sort.Slice(s.Repos, func(a, b int) bool {
-		return s.Repos[a].Org+"/"+s.Repos[a].Repo < s.Repos[b].Org+"/"+s.Repos[b].Repo
+		ra, rb := s.Repos[a], s.Repos[b]
+		return ra.Installation+"/"+ra.Org+"/"+ra.Repo < rb.Installation+"/"+rb.Org+"/"+rb.Repo
 	})
 	for _, j := range f.Jobs {
 		s.Jobs = append(s.Jobs, j)
@@ -141,9 +143,9 @@ func UnmarshalSnapshot(b []byte) (*Fleet, error) {
 	f.history.deliveries = d
 	for _, r := range s.Repos {
 		if f.history.repos == nil {
-			f.history.repos = map[[2]string]int64{}
+			f.history.repos = map[repoKey]int64{}
 		}
-		f.history.repos[[2]string{r.Org, r.Repo}] = r.At
+		f.history.repos[repoKey{r.Installation, r.Org, r.Repo}] = r.At
 	}
 	for _, j := range s.Jobs {
 		j.labelKey = strings.Join(j.Labels, ",")

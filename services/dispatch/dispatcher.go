@@ -522,7 +522,7 @@ func (d *Dispatcher) reconcileIn(ctx context.Context, in Installation, candidate
 	lister, _ := in.Minter.(QueuedLister)
 	var repos [][2]string
 	if lister != nil {
-		repos = d.installationRepos(in.Name)
+		repos = ReconcileRepos(d.Fold, in.Name)
 	}
 	if len(jobs) == 0 && len(repos) == 0 {
 		return

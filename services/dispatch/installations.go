@@ -1,10 +1,7 @@
 package dispatch
 
 import (
-	"sort"
 	"time"
-
-	"github.com/berth-ci/berth/events"
 )
 
 // Installation is one GitHub installation beyond the default (config:
@@ -44,32 +41,4 @@ func (in Installation) blocked(now time.Time) (bool, time.Time) {
 		return false, time.Time{}
 	}
 	return in.Budget.Blocked(now)
-}
-
-// installationRepos is each repository of name's jobs, sorted: with one
-// installation every repository the fold names (ReconcileRepos); with
-// several, those of the jobs the fold holds for name (one installation's
-// client cannot read another's repositories).
-func (d *Dispatcher) installationRepos(name string) [][2]string {
-	if len(d.installs()) == 1 {
-		return ReconcileRepos(d.Fold)
-	}
-	seen := map[[2]string]bool{}
-	var out [][2]string
-	for _, j := range d.Fold.Jobs {
-		if r := [2]string{j.Org, j.Repo}; j.Installation == name && j.Org != "" && !seen[r] {
-			seen[r] = true
-			out = append(out, r)
-		}
-	}
-	sort.Slice(out, func(a, b int) bool { return out[a][0]+"/"+out[a][1] < out[b][0]+"/"+out[b][1] })
-	return out
-}
-
-// jobInstallation is the installation a job's attempt is served for.
-func (d *Dispatcher) attemptInstallation(a *events.Attempt) string {
-	if j := d.Fold.Jobs[a.JobID]; j != nil {
-		return j.Installation
-	}
-	return d.Fold.PoolInstallations()[a.Pool]
 }

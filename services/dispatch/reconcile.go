@@ -113,10 +113,11 @@ type QueuedLister interface {
 	QueuedJobs(ctx context.Context, owner, repo string, runs int) ([]QueuedJob, error)
 }
 
-// ReconcileRepos is the repositories the poll searches for queued jobs:
-// every owner/repo a job fact in the fold's retention names, sorted.
-func ReconcileRepos(f *events.Fleet) [][2]string {
-	out := f.Repos()
+// ReconcileRepos is the repositories the poll searches for queued jobs
+// through one installation's client ("": the default): every owner/repo a
+// job fact of that installation in the fold's retention names, sorted.
+func ReconcileRepos(f *events.Fleet, installation string) [][2]string {
+	out := f.Repos(installation)
 	sort.Slice(out, func(a, b int) bool { return out[a][0]+"/"+out[a][1] < out[b][0]+"/"+out[b][1] })
 	return out
 }

@@ -161,7 +161,7 @@ func TestThePollStoresOnlyQueuedJobsTheLogDoesNotKnow(t *testing.T) {
 	q, c := queued(1), completed(2, "", "cancelled")
 	q.Org, q.Repo, c.Org, c.Repo = "example-org", "example-repo", "example-org", "example-repo"
 	l := given(t).add(q, c)
-	if repos := dispatch.ReconcileRepos(l.f); len(repos) != 1 || repos[0] != [2]string{"example-org", "example-repo"} {
+	if repos := dispatch.ReconcileRepos(l.f, ""); len(repos) != 1 || repos[0] != [2]string{"example-org", "example-repo"} {
 		t.Fatalf("repos %v", repos)
 	}
 	listed := []dispatch.QueuedJob{

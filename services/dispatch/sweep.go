@@ -114,14 +114,24 @@ func stranded(f *events.Fleet, r GitHubRunner) bool {
 	return true
 }
 
-// SweepScopes is where the sweep lists runners: the configured org (org
-// scope), else every owner (org scope) or owner/repo (repo scope) a job in
-// the fold names, sorted.
-func SweepScopes(f *events.Fleet, scope, org string) [][2]string {
+// SweepScopes is where the sweep lists one installation's runners: its
+// configured org (org scope), else every owner (org scope) or owner/repo
+// (repo scope) a job of that installation in the fold names, sorted.
+func SweepScopes(f *events.Fleet, installation, scope, org string) [][2]string {
 	if scope != "repo" && org != "" {
 		return [][2]string{{org, ""}}
 	}
-	return sweepScopesOf(ReconcileRepos(f), scope)
+	repos := ReconcileRepos(f, installation)
+	if scope == "repo" {
+		return repos
+	}
+	var out [][2]string
+	for _, r := range repos {
+		if len(out) == 0 || out[len(out)-1][0] != r[0] {
+			out = append(out, [2]string{r[0], ""})
+		}
+	}
+	return out
 }
 
 // ListRunners implements RunnerLister: GET /orgs/{org}/actions/runners or
@@ -183,11 +193,7 @@ func (d *Dispatcher) sweep(ctx context.Context, now time.Time) {
 		if blocked, _ := in.blocked(now); !ok || blocked {
 			continue
 		}
-		scopes := SweepScopes(d.Fold, in.SweepScope, in.SweepOrg)
-		if len(d.installs()) > 1 && (in.SweepScope == "repo" || in.SweepOrg == "") {
-			scopes = sweepScopesOf(d.installationRepos(in.Name), in.SweepScope)
-		}
-		if len(scopes) > 0 {
+		if scopes := SweepScopes(d.Fold, in.Name, in.SweepScope, in.SweepOrg); len(scopes) > 0 {
 			lists = append(lists, sweepList{in, lister, scopes})
 		}
 	}
@@ -213,21 +219,6 @@ type sweepList struct {
 	in     Installation
 	lister RunnerLister
 	scopes [][2]string
-}
-
-// sweepScopesOf is SweepScopes over the given repositories: each of them
-// (scope "repo") or each of their owners.
-func sweepScopesOf(repos [][2]string, scope string) [][2]string {
-	if scope == "repo" {
-		return repos
-	}
-	var out [][2]string
-	for _, r := range repos {
-		if len(out) == 0 || out[len(out)-1][0] != r[0] {
-			out = append(out, [2]string{r[0], ""})
-		}
-	}
-	return out
 }
 
 // jitter is every plus up to a fifth of it.

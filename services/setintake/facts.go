@@ -11,29 +11,31 @@ import (
 // JobAvailable messages (to acquire). A job message without a runner
 // request id, or a JobStarted without a runner name (GitHub sometimes
 // sends them empty), yields no fact and counts in skipped: the REST
-// reconcile poll finds what it would have said. It is pure.
-func Facts(m *scaleset.RunnerScaleSetMessage) (facts []events.Payload, acquire []int64, skipped int) {
+// reconcile poll finds what it would have said. Every fact names
+// installation, the sets' GitHub installation ("": the default). It is
+// pure.
+func Facts(m *scaleset.RunnerScaleSetMessage, installation string) (facts []events.Payload, acquire []int64, skipped int) {
 	for _, a := range m.JobAvailableMessages {
 		if a.RunnerRequestID > 0 {
 			acquire = append(acquire, a.RunnerRequestID)
 		}
 	}
 	for _, a := range m.JobAssignedMessages {
-		if ref, ok := refOf(a.JobMessageBase); ok {
+		if ref, ok := refOf(a.JobMessageBase, installation); ok {
 			facts = append(facts, events.JobQueued{JobRef: ref})
 		} else {
 			skipped++
 		}
 	}
 	for _, s := range m.JobStartedMessages {
-		if ref, ok := refOf(s.JobMessageBase); ok && s.RunnerName != "" {
+		if ref, ok := refOf(s.JobMessageBase, installation); ok && s.RunnerName != "" {
 			facts = append(facts, events.JobInProgress{JobRef: ref, RunnerName: s.RunnerName, RunnerID: int64(s.RunnerID)})
 		} else {
 			skipped++
 		}
 	}
 	for _, c := range m.JobCompletedMessages {
-		if ref, ok := refOf(c.JobMessageBase); ok {
+		if ref, ok := refOf(c.JobMessageBase, installation); ok {
 			facts = append(facts, events.JobCompleted{JobRef: ref, Conclusion: Conclusion(c.Result),
 				RunnerName: c.RunnerName, RunnerID: int64(c.RunnerID)})
 		} else {
@@ -46,13 +48,13 @@ func Facts(m *scaleset.RunnerScaleSetMessage) (facts []events.Payload, acquire [
 // refOf is the job a message names. No delivery id: the fact's id is the
 // job's own (job-<id>-queued, …), the one the reconcile poll writes too, so
 // a message delivered twice, or a job found both ways, is stored once.
-func refOf(b scaleset.JobMessageBase) (events.JobRef, bool) {
+func refOf(b scaleset.JobMessageBase, installation string) (events.JobRef, bool) {
 	labels := b.RequestLabels
 	if labels == nil {
 		labels = []string{}
 	}
 	return events.JobRef{JobID: b.RunnerRequestID, RunID: b.WorkflowRunID, Org: b.OwnerName, Repo: b.RepositoryName,
-		Name: b.JobDisplayName, Labels: labels}, b.RunnerRequestID > 0
+		Name: b.JobDisplayName, Labels: labels, Installation: installation}, b.RunnerRequestID > 0
 }
 
 // Conclusion maps a JobCompleted result to the REST API's conclusion
@@ -68,24 +70,4 @@ func Conclusion(result string) string {
 		return "cancelled"
 	}
 	return result
-}
-
-// WithInstallation is p, a job fact of Facts, naming installation (""
-// leaves it as it is: the default installation).
-func WithInstallation(p events.Payload, installation string) events.Payload {
-	if installation == "" {
-		return p
-	}
-	switch f := p.(type) {
-	case events.JobQueued:
-		f.Installation = installation
-		return f
-	case events.JobInProgress:
-		f.Installation = installation
-		return f
-	case events.JobCompleted:
-		f.Installation = installation
-		return f
-	}
-	return p
 }

@@ -356,10 +356,9 @@ func (in *Intake) poll(ctx context.Context, sess *scaleset.MessageSessionClient,
 		rec.round(ctx, nil)
 		return nil
 	}
-	facts, acquire, skipped := Facts(msg)
+	facts, acquire, skipped := Facts(msg, in.Installation)
 	in.Metrics.add(&in.Metrics.Skipped, skipped)
 	for _, p := range facts {
-		p = WithInstallation(p, in.Installation)
 		if _, err := in.Log.AppendConfirmed(ctx, in.Log.New(in.Clock.Now(), p), nil); err != nil {
 			return fmt.Errorf("store a fact of message %d (it will be read again): %w", msg.MessageID, err)
 		}

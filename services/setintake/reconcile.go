@@ -91,7 +91,7 @@ func (r *reconciler) round(ctx context.Context, stats *scaleset.RunnerScaleSetSt
 	var labels []string
 	var repos [][2]string
 	_ = r.in.Read(ctx, func(f *events.Fleet) {
-		open, labels, repos = OpenJobs(f, r.pool), f.PoolLabels()[r.pool], dispatch.ReconcileRepos(f)
+		open, labels, repos = OpenJobs(f, r.pool), f.PoolLabels()[r.pool], dispatch.ReconcileRepos(f, r.in.Installation)
 	})
 	gap := Gap(r.stats, open)
 	if gap == 0 {

@@ -35,7 +35,7 @@ func TestFactsMirrorTheWebhookIntake(t *testing.T) {
 		JobStartedMessages:   []*scaleset.JobStarted{{JobMessageBase: base(2), RunnerName: "berth-2-1", RunnerID: 9}, {JobMessageBase: base(3)}},
 		JobCompletedMessages: []*scaleset.JobCompleted{{JobMessageBase: base(2), Result: "failed", RunnerName: "berth-2-1"}},
 	}
-	facts, acquire, skipped := Facts(m)
+	facts, acquire, skipped := Facts(m, "")
 	if len(acquire) != 1 || acquire[0] != 1 || skipped != 1 || len(facts) != 3 {
 		t.Fatalf("acquire %v, skipped %d, %d facts; want [1], 1, 3", acquire, skipped, len(facts))
 	}
@@ -48,6 +48,23 @@ func TestFactsMirrorTheWebhookIntake(t *testing.T) {
 	}
 	if c, ok := facts[2].(events.JobCompleted); !ok || c.Conclusion != "failure" {
 		t.Fatalf("JobCompleted became %#v; want conclusion failure", facts[2])
+	}
+	// A set of another installation names it in every fact: only that
+	// installation's pools serve the job.
+	named, _, _ := Facts(m, "acme")
+	for _, p := range named {
+		var inst string
+		switch f := p.(type) {
+		case events.JobQueued:
+			inst = f.Installation
+		case events.JobInProgress:
+			inst = f.Installation
+		case events.JobCompleted:
+			inst = f.Installation
+		}
+		if inst != "acme" {
+			t.Errorf("%s of installation acme's set names installation %q", p.EventType(), inst)
+		}
 	}
 }
 

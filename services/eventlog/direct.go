@@ -46,20 +46,37 @@ type directReq struct {
 	Batch   int    `json:"batch"`
 }
 
-// page is one batched direct get: the facts matching filter from seq on
-// (at most batch), and how many more the stream holds after them.
-func page(ctx context.Context, nc *nats.Conn, stream, filter string, seq uint64, batch int) ([]Delivered, uint64, error) {
-	ctx, cancel := context.WithTimeout(ctx, pageTimeout)
-	defer cancel()
+// pager asks for pages, one after another, on one inbox: a subscription
+// costs nats.go a buffer of 64k message slots, so a scan keeps one
+// rather than making one per page.
+type pager struct {
+	nc    *nats.Conn
+	inbox string
+	sub   *nats.Subscription
+}
+
+func newPager(nc *nats.Conn) (*pager, error) {
 	inbox := nc.NewInbox() // under the role's own inbox prefix
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	defer func() { _ = sub.Unsubscribe() }()
 	_ = sub.SetPendingLimits(-1, -1) // a page is bounded by pageSize; never drop part of it
+	return &pager{nc: nc, inbox: inbox, sub: sub}, nil
+}
+
+func (p *pager) close() { _ = p.sub.Unsubscribe() }
+
+// page is one batched direct get: the facts matching filter from seq on
+// (at most batch), and how many more the stream holds after them. Pages
+// are asked one at a time: a page that failed leaves the pager unusable
+// (part of its answer may still arrive), so the caller stops there.
+func (p *pager) page(ctx context.Context, stream, filter string, seq uint64, batch int) ([]Delivered, uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, pageTimeout)
+	defer cancel()
+	nc, sub := p.nc, p.sub
 	body, _ := json.Marshal(directReq{Seq: max(seq, 1), NextFor: filter, Batch: batch})
-	if err := nc.PublishRequest("$JS.API.DIRECT.GET."+stream, inbox, body); err != nil {
+	if err := nc.PublishRequest("$JS.API.DIRECT.GET."+stream, p.inbox, body); err != nil {
 		return nil, 0, err
 	}
 	var out []Delivered
@@ -100,12 +117,13 @@ func page(ctx context.Context, nc *nats.Conn, stream, filter string, seq uint64,
 // this file.
 func Scan(ctx context.Context, js jetstream.JetStream, filter string, from, upTo uint64, fn func(Delivered) error) (uint64, error) {
 	next := max(from, 1)
-	for {
-		ds, pending, err := page(ctx, js.Conn(), events.StreamName, filter, next, pageSize)
-		if err != nil {
-			return next, err
+	pages, stop := prefetch(ctx, js.Conn(), filter, next, upTo)
+	defer stop()
+	for pg := range pages {
+		if pg.err != nil {
+			return next, pg.err
 		}
-		for _, d := range ds {
+		for _, d := range pg.facts {
 			if upTo > 0 && d.Event.Seq > upTo {
 				return next, nil
 			}
@@ -114,10 +132,59 @@ func Scan(ctx context.Context, js jetstream.JetStream, filter string, from, upTo
 			}
 			next = d.Event.Seq + 1
 		}
-		if pending == 0 || len(ds) == 0 || (upTo > 0 && next > upTo) {
-			return next, nil
-		}
 	}
+	return next, nil
+}
+
+// fetched is one page as prefetch hands it on.
+type fetched struct {
+	facts []Delivered
+	err   error
+}
+
+// prefetch asks for the pages of a scan one ahead of the reader: the
+// server reads the next page, and this goroutine decodes it, while the
+// reader folds the current one (a replay on two cores was a third server,
+// a third decode and a third fold, one after the other). It stops after
+// the page that reaches upTo or leaves nothing pending, after an error, or
+// when stop is called. A filter of the whole log (events.SubjectAll, the
+// stream's only subject) is sent as none: the server then steps through
+// the log without matching each fact's subject.
+func prefetch(ctx context.Context, nc *nats.Conn, filter string, from, upTo uint64) (<-chan fetched, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	if filter == events.SubjectAll {
+		filter = ""
+	}
+	out := make(chan fetched, 1)
+	go func() {
+		defer close(out)
+		p, err := newPager(nc)
+		if err != nil {
+			select {
+			case out <- fetched{err: err}:
+			case <-ctx.Done():
+			}
+			return
+		}
+		defer p.close()
+		next := from
+		for {
+			ds, pending, err := p.page(ctx, events.StreamName, filter, next, pageSize)
+			select {
+			case out <- fetched{facts: ds, err: err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil || pending == 0 || len(ds) == 0 {
+				return
+			}
+			next = ds[len(ds)-1].Event.Seq + 1
+			if upTo > 0 && next > upTo {
+				return
+			}
+		}
+	}()
+	return out, cancel
 }
 
 // ErrNotAt: no fact matching the filter is stored at the sequence asked
@@ -130,7 +197,12 @@ var ErrNotAt = errors.New("no such fact at that sequence")
 // comes back with its decoding error in Delivered.Err; none at seq is
 // ErrNotAt.
 func At(ctx context.Context, js jetstream.JetStream, filter string, seq uint64) (Delivered, error) {
-	ds, _, err := page(ctx, js.Conn(), events.StreamName, filter, seq, 1)
+	p, err := newPager(js.Conn())
+	if err != nil {
+		return Delivered{}, err
+	}
+	defer p.close()
+	ds, _, err := p.page(ctx, events.StreamName, filter, seq, 1)
 	if err != nil {
 		return Delivered{}, err
 	}

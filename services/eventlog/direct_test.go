@@ -64,6 +64,30 @@ func TestScanReadsTheLogInOrderWithoutAConsumer(t *testing.T) {
 		t.Errorf("seq 10..20 scanned as %v", ranged)
 	}
 
+	// The whole log (sent to the server without a filter) across pages
+	// read one ahead: every fact once, in order, and a reader's error stops
+	// the scan at the fact it refused.
+	var all []uint64
+	if _, err := eventlog.Scan(ctxFor(t), js, events.SubjectAll, 1, 0, func(d eventlog.Delivered) error {
+		all = append(all, d.Event.Seq)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if last := jobSeqs[jobs-1]; uint64(len(all)) != last || all[0] != 1 || all[len(all)-1] != last {
+		t.Errorf("the whole log scanned as %d facts (%d..%d), want 1..%d", len(all), all[0], all[len(all)-1], last)
+	}
+	refuse := errors.New("enough")
+	stopAt, err := eventlog.Scan(ctxFor(t), js, events.SubjectAll, 1, 0, func(d eventlog.Delivered) error {
+		if d.Event.Seq == 1100 {
+			return refuse
+		}
+		return nil
+	})
+	if !errors.Is(err, refuse) || stopAt != 1100 {
+		t.Errorf("a reader refusing seq 1100: next %d, err %v; want 1100 and its error", stopAt, err)
+	}
+
 	n, err := eventlog.Scan(ctxFor(t), js, events.PoolFilter("nowhere"), 1, 0, func(eventlog.Delivered) error {
 		return errors.New("a fact for a filter that matches nothing")
 	})

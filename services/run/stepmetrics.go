@@ -13,7 +13,9 @@ import (
 // measured is a backend whose create, assign and stop calls are counted
 // and timed by outcome on the agent's /metrics
 // (events.MetricAgentBackendStepSeconds): the steps an operator suspects
-// first when VMs are slow or fail. Everything else passes through.
+// first when VMs are slow or fail. Everything else passes through: the
+// stop's report (StopReport) and, through Unwrap, the optional
+// capabilities the agent looks for with backend.As.
 type measured struct {
 	backend.Backend
 	seconds *prometheus.HistogramVec
@@ -39,6 +41,21 @@ func (m measured) Assign(ctx context.Context, vm backend.VM) error {
 func (m measured) Stop(ctx context.Context, vm backend.VM) error {
 	return m.observe("stop", func() error { return m.Backend.Stop(ctx, vm) })
 }
+
+// StopReport is the stop step, measured, saying how the VM ended when the
+// wrapped backend can tell (backend.StopReporter; "" otherwise): the
+// agent stops through it, so the wrapper must not hide the answer.
+func (m measured) StopReport(ctx context.Context, vm backend.VM) (ended string, err error) {
+	err = m.observe("stop", func() (err error) {
+		ended, err = backend.StopEnded(ctx, m.Backend, vm)
+		return err
+	})
+	return ended, err
+}
+
+// Unwrap is the measured backend, for its other capabilities
+// (backend.As: RunnerOutput, InMemoryJIT).
+func (m measured) Unwrap() backend.Backend { return m.Backend }
 
 func (m measured) observe(step string, call func() error) error {
 	start := time.Now()

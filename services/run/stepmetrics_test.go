@@ -79,3 +79,48 @@ func countOf(t *testing.T, reg *prometheus.Registry, labels string) int {
 	}
 	return n
 }
+
+// capable is a backend with every optional capability: it reads its
+// runners' output, reports how a stop ended, and takes JIT configs in
+// memory.
+type capable struct{ *testkit.Backend }
+
+func (capable) RunnerOutput(context.Context, backend.VM) ([]byte, error) {
+	return []byte("√ Connected to GitHub"), nil
+}
+func (c capable) StopReport(ctx context.Context, vm backend.VM) (string, error) {
+	return "forced", c.Stop(ctx, vm)
+}
+func (capable) InMemoryJIT() {}
+
+// Given backends with and without the optional capabilities, when the
+// agent's step metrics wrap them, then the agent still finds each
+// capability the backend has and none it lacks (the wrapper hid them:
+// an agent started by `berth agent` read no runner's output, so never saw
+// GitHub refuse a runner's version, and recorded no stop's ending), and a
+// reported stop is counted once and says how the VM ended.
+func TestTheStepMetricsHideNoCapabilityOfTheBackend(t *testing.T) {
+	reg := registry()
+	be := measure(capable{testkit.NewBackend(t)}, reg)
+	if ro, ok := backend.As[backend.RunnerOutput](be); !ok {
+		t.Error("runner output hidden by the wrapper")
+	} else if out, err := ro.RunnerOutput(context.Background(), backend.VM{Attempt: "berth-1-1"}); err != nil || !strings.Contains(string(out), "Connected") {
+		t.Errorf("runner output through the wrapper: %q, %v", out, err)
+	}
+	if _, ok := backend.As[backend.InMemoryJIT](be); !ok {
+		t.Error("the in-memory JIT config hidden by the wrapper")
+	}
+	if ended, err := backend.StopEnded(context.Background(), be, backend.VM{Attempt: "berth-1-1"}); err != nil || ended != "forced" {
+		t.Errorf("a stop through the wrapper ended %q (%v), want the backend's report %q", ended, err, "forced")
+	}
+	if stops := countOf(t, reg, `step="stop"`); stops != 1 {
+		t.Errorf("%d stops counted, want 1", stops)
+	}
+
+	plain := measure(testkit.NewBackend(t), registry())
+	_, ro := backend.As[backend.RunnerOutput](plain)
+	_, mem := backend.As[backend.InMemoryJIT](plain)
+	if ended, err := backend.StopEnded(context.Background(), plain, backend.VM{Attempt: "berth-1-1"}); ro || mem || ended != "" || err != nil {
+		t.Errorf("a plain backend through the wrapper: runner output %v, in-memory JIT %v, stop ended %q (%v); want none", ro, mem, ended, err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -322,9 +323,39 @@ func (a *Agent) backOff(id string) time.Duration {
 }
 
 func (a *Agent) vm(at *events.Attempt) backend.VM {
-	dir := filepath.Join(a.opts.DataDir, "attempts", at.ID)
-	return backend.VM{Attempt: at.ID, Pool: at.Pool, Host: at.Host, Labels: at.Labels, JobID: at.JobID,
-		JITConfigFile: filepath.Join(dir, "jitconfig"), WorkDir: dir, Shape: a.opts.Pools[at.Pool].Shape}
+	vm := backend.VM{Attempt: at.ID, Pool: at.Pool, Host: at.Host, Labels: at.Labels, JobID: at.JobID,
+		Shape: a.opts.Pools[at.Pool].Shape}
+	if !a.inMemoryJIT() {
+		vm.WorkDir = filepath.Join(a.opts.DataDir, "attempts", at.ID)
+		vm.JITConfigFile = filepath.Join(vm.WorkDir, "jitconfig")
+	}
+	return vm
+}
+
+// inMemoryJIT: the backend takes the JIT config in memory and the agent
+// keeps no directory for its attempts (backend.InMemoryJIT).
+func (a *Agent) inMemoryJIT() bool {
+	_, ok := backend.As[backend.InMemoryJIT](a.backend)
+	return ok
+}
+
+// handOver puts an opened JIT config where the backend reads it: in vm
+// for an InMemoryJIT backend, else in the attempt's file (mode 0600) in
+// its own directory.
+func (a *Agent) handOver(vm *backend.VM, jit []byte) error {
+	if a.inMemoryJIT() {
+		vm.JITConfig = jit
+		return nil
+	}
+	return writeJIT(*vm, jit)
+}
+
+// clearWorkDir removes what the agent kept of an attempt on disk (its
+// directory, with its JIT config); an InMemoryJIT backend's kept nothing.
+func clearWorkDir(vm backend.VM) {
+	if vm.WorkDir != "" {
+		_ = os.RemoveAll(vm.WorkDir)
+	}
 }
 
 // outcome is the fact a create or assign step's result calls for: success
@@ -361,7 +392,7 @@ func (a *Agent) startAssign(ctx context.Context, at *events.Attempt) {
 		start := time.Now()
 		jit, err := a.open(ctx, want, sealed, sealedBy)
 		if err == nil {
-			err = writeJIT(vm, jit)
+			err = a.handOver(&vm, jit)
 		}
 		var result events.Payload
 		if err != nil {
@@ -401,11 +432,13 @@ func (a *Agent) startCreate(ctx context.Context, at *events.Attempt) {
 		// too: a slow or full disk must not hold every other attempt.
 		var err error
 		if warm { // its work dir now, its JIT config on assign
-			err = os.MkdirAll(vm.WorkDir, 0o700)
+			if vm.WorkDir != "" {
+				err = makeWorkDir(vm.WorkDir)
+			}
 		} else {
 			var jit []byte
 			if jit, err = a.open(ctx, want, sealed, sealedBy); err == nil {
-				err = writeJIT(vm, jit)
+				err = a.handOver(&vm, jit)
 			}
 		}
 		if err != nil {
@@ -464,7 +497,7 @@ func (a *Agent) startStop(ctx context.Context, at *events.Attempt) {
 			go a.awaitLateStop(ctx, r, vm, late, logger)
 		}
 		if err == nil {
-			_ = os.RemoveAll(vm.WorkDir) // here, not on the loop
+			clearWorkDir(vm) // here, not on the loop
 		}
 		crashpoint.Hit(crashpoint.AgentAfterStop)
 		a.Loop.Post(ctx, func() {
@@ -499,7 +532,7 @@ func (a *Agent) awaitLateStop(ctx context.Context, r events.AttemptRef, vm backe
 			return
 		}
 		logger.Info("a stop returned after its deadline: VM stopped late")
-		_ = os.RemoveAll(vm.WorkDir)
+		clearWorkDir(vm)
 		a.Loop.Post(ctx, func() {
 			_ = a.Append(ctx, events.AttemptStopped{AttemptRef: r, Late: true})
 		})
@@ -569,8 +602,23 @@ func (a *Agent) trusted(ctx context.Context, pub string) (bool, error) {
 }
 
 func writeJIT(vm backend.VM, jit []byte) error {
-	if err := os.MkdirAll(vm.WorkDir, 0o700); err != nil {
+	if err := makeWorkDir(vm.WorkDir); err != nil {
 		return err
 	}
 	return os.WriteFile(vm.JITConfigFile, jit, 0o600)
+}
+
+// makeWorkDir makes an attempt's own directory with one mkdir where its
+// parent exists, as it does after the first (MkdirAll looks at each
+// parent first: three calls into a kernel where each costs, for every
+// VM); a directory there already (a restarted create) is kept.
+func makeWorkDir(dir string) error {
+	err := os.Mkdir(dir, 0o700)
+	switch {
+	case err == nil, errors.Is(err, fs.ErrExist):
+		return nil
+	case errors.Is(err, fs.ErrNotExist):
+		return os.MkdirAll(dir, 0o700)
+	}
+	return err
 }

@@ -359,3 +359,40 @@ func TestAWarmVMBootsWithoutAJITConfigAndStartsItsRunnerOnAssign(t *testing.T) {
 		t.Fatalf("create called %d times, want once: the VM already runs", n)
 	}
 }
+
+// inMemoryBackend is the fake backend taking its JIT configs in memory,
+// as ec2 does (backend.InMemoryJIT).
+type inMemoryBackend struct{ *testkit.Backend }
+
+func (inMemoryBackend) InMemoryJIT() {}
+
+// Given an agent whose backend takes the JIT config in memory, when a
+// placement is created and torn down, then the backend gets the opened
+// config in the VM itself and no file path, and the agent kept nothing of
+// the attempt on the host's disk at any point: the runner's credential
+// never touched it.
+func TestAnInMemoryBackendGetsTheJITConfigAndTheHostDiskNothing(t *testing.T) {
+	t.Parallel()
+	be := testkit.NewBackend(t)
+	h := newHarnessOn(t, inMemoryBackend{be}, nil)
+	jit := []byte(`{"name":"berth-111-1","encoded_jit_config":"c2VjcmV0"}`)
+	h.place(t, h.host, "berth-111-1", 111, jit)
+	h.wait(t, "berth-111-1", events.TypeAttemptRunnerStarted)
+
+	calls := be.Calls("create", "berth-111-1")
+	if len(calls) != 1 {
+		t.Fatalf("create called %d times, want 1", len(calls))
+	}
+	if vm := calls[0].VM; !bytes.Equal(vm.JITConfig, jit) || vm.JITConfigFile != "" || vm.WorkDir != "" {
+		t.Errorf("backend saw JIT config %q, file %q, work dir %q; want the opened config and no paths", vm.JITConfig, vm.JITConfigFile, vm.WorkDir)
+	}
+	if kept, err := os.ReadDir(filepath.Join(h.opts.DataDir, "attempts")); err != nil || len(kept) != 0 {
+		t.Errorf("the agent's attempts directory holds %v (%v) while the runner runs; want nothing", kept, err)
+	}
+
+	h.teardown(t, "berth-111-1")
+	h.wait(t, "berth-111-1", events.TypeAttemptStopped)
+	if n := len(be.Calls("stop", "berth-111-1")); n != 1 {
+		t.Errorf("stop called %d times, want 1", n)
+	}
+}

@@ -32,7 +32,7 @@ func watched(at *events.Attempt) bool {
 // show it is not read), and appends the facts it calls for
 // (RunnerReports).
 func (a *Agent) watchRunners(ctx context.Context, now time.Time) {
-	ro, ok := a.backend.(backend.RunnerOutput)
+	ro, ok := backend.As[backend.RunnerOutput](a.backend)
 	w := &a.runners
 	if !ok || w.reading || now.Before(w.next) {
 		return

@@ -109,8 +109,11 @@ func (a *Agent) owns(id string) bool {
 func (a *Agent) stopOrphan(ctx context.Context, id string) {
 	s := &a.sweep
 	s.stopping[id] = true
-	vm := backend.VM{Attempt: id, Host: a.opts.Host, WorkDir: filepath.Join(a.opts.DataDir, "attempts", id)}
-	vm.JITConfigFile = filepath.Join(vm.WorkDir, "jitconfig")
+	vm := backend.VM{Attempt: id, Host: a.opts.Host}
+	if !a.inMemoryJIT() {
+		vm.WorkDir = filepath.Join(a.opts.DataDir, "attempts", id)
+		vm.JITConfigFile = filepath.Join(vm.WorkDir, "jitconfig")
+	}
 	logger := a.opts.Logger.With("attempt", id)
 	a.wg.Add(1)
 	go func() {

@@ -16,7 +16,8 @@ import (
 // InProc is a vmagent backend whose "VM" is a simulated runner goroutine
 // (ghsim.RunRunner) in this process: no process is spawned per job, so the
 // bench measures Berth rather than fork and exec. Create starts the runner
-// with the JIT config the agent wrote to vm.JITConfigFile; Stop cancels it.
+// with the JIT config the agent wrote to vm.JITConfigFile (or, wrapped as
+// an InMemoryJIT, handed over in vm.JITConfig); Stop cancels it.
 // With Wedge set, Stop never returns (until Close): every teardown hangs,
 // like a macOS VM stop that never came back.
 type InProc struct {
@@ -95,11 +96,21 @@ func (b *InProc) Create(ctx context.Context, vm backend.VM) error {
 	return b.startRunner(vm)
 }
 
-// startRunner runs the simulated runner with the JIT config in vm's file.
+// inMemoryJIT is an InProc that takes its JIT configs in memory
+// (backend.InMemoryJIT), as the ec2 backend does.
+type inMemoryJIT struct{ *InProc }
+
+func (inMemoryJIT) InMemoryJIT() {}
+
+// startRunner runs the simulated runner with the JIT config in vm, or in
+// vm's file.
 func (b *InProc) startRunner(vm backend.VM) error {
-	raw, err := os.ReadFile(vm.JITConfigFile)
-	if err != nil {
-		return fmt.Errorf("read JIT config: %w", err)
+	raw := vm.JITConfig
+	if raw == nil {
+		var err error
+		if raw, err = os.ReadFile(vm.JITConfigFile); err != nil {
+			return fmt.Errorf("read JIT config: %w", err)
+		}
 	}
 	enc := strings.TrimSpace(string(raw))
 	if _, err := ghsim.DecodeJITConfig(enc); err != nil {

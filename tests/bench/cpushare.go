@@ -37,11 +37,18 @@ func partOf(funcs []string) Part {
 			return PartSim
 		case strings.Contains(fn, "nats-io/nats-server/"):
 			part = PartNATS
-		case part == PartOther && (strings.Contains(fn, "berth-ci/berth/") || strings.Contains(fn, "nats-io/nats.go")):
+		case part == PartOther && (strings.Contains(fn, "berth-ci/berth/") || isNATSClient(fn)):
 			part = PartBerth
 		}
 	}
 	return part
+}
+
+// isNATSClient: a frame of nats.go, the services' NATS client. A profile
+// escapes the dot of a package path's last element, so its core package
+// is named "nats-io/nats%2ego" there and its subpackages "nats-io/nats.go/…".
+func isNATSClient(fn string) bool {
+	return strings.Contains(fn, "nats-io/nats.go") || strings.Contains(fn, "nats-io/nats%2ego")
 }
 
 // CPUShares is CPU time by part, from a CPU profile.

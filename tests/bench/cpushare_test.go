@@ -18,6 +18,9 @@ func TestEachStackIsChargedToItsOwner(t *testing.T) {
 	}{
 		{[]string{"encoding/json.Unmarshal", "github.com/berth-ci/berth/services/dispatch.(*Intake).ServeHTTP", "net/http.(*conn).serve"}, PartBerth},
 		{[]string{"syscall.Syscall6", "github.com/nats-io/nats.go.(*Conn).readLoop"}, PartBerth},
+		// As a profile names it: the dot of a package path's last element
+		// is escaped.
+		{[]string{"syscall.Syscall6", "github.com/nats-io/nats%2ego.(*Conn).flusher"}, PartBerth},
 		{[]string{"github.com/nats-io/nats-server/v2/server.(*stream).internalLoop"}, PartNATS},
 		{[]string{"encoding/json.Marshal", "github.com/berth-ci/berth/tests/ghsim.(*Sim).emitJobLocked", "github.com/berth-ci/berth/tests/ghsim.(*Sim).Enqueue"}, PartSim},
 		{[]string{"time.Sleep", "github.com/berth-ci/berth/tests/bench.(*InProc).Create", "github.com/berth-ci/berth/services/vmagent.(*Agent).startCreate.func1"}, PartSim},

@@ -51,6 +51,8 @@ type FleetOptions struct {
 	// HookSenders is how many webhook deliveries the simulator has in
 	// flight at once (ghsim.Config.HookSenders; 0: one at a time).
 	HookSenders int
+	// JITFile: the VMs read their JIT configs from files (Env.JITFile).
+	JITFile bool
 }
 
 // Fleet is a running system: embedded NATS, the GitHub simulator, the
@@ -180,7 +182,11 @@ func (f *Fleet) startAgents(sctx context.Context, o FleetOptions, cfg *config.Co
 		if err := run.GrantAgentsAt(sctx, f.Sys.NATSURL, one.Agents, "bench"); err != nil {
 			return err
 		}
-		if _, err := run.AgentWith(sctx, f.Sys, cfg, one.Agents[0], be, o.Logger); err != nil {
+		var vms backend.Backend = inMemoryJIT{be}
+		if o.JITFile {
+			vms = be
+		}
+		if _, err := run.AgentWith(sctx, f.Sys, cfg, one.Agents[0], vms, o.Logger); err != nil {
 			return err
 		}
 	}

@@ -40,6 +40,10 @@ type Env struct {
 	// HookSenders is how many webhook deliveries the simulator has in
 	// flight at once (0: one at a time, in order).
 	HookSenders int
+	// JITFile makes the bench's VMs read their JIT config from the file the
+	// agent writes, as exec and vz do; otherwise they take it in memory, as
+	// ec2 does (backend.InMemoryJIT), and the agent touches no disk per VM.
+	JITFile bool
 }
 
 // Unloaded is dispatch latency with the fleet nearly idle.
@@ -73,6 +77,14 @@ func (e Env) every(period time.Duration, report func()) (stop func()) {
 	return func() { close(done) }
 }
 
+// jitHandOver says how the bench's VMs get their JIT configs.
+func (e Env) jitHandOver() string {
+	if e.JITFile {
+		return "the agents write each VM's JIT config to a file in its own directory, as for exec and vz (-jit-file)"
+	}
+	return "the VMs take their JIT configs in memory, as ec2 does: the agents write no file per VM (-jit-file writes one, as for exec and vz)"
+}
+
 // senders says how the simulator delivers webhooks.
 func (e Env) senders() string {
 	if e.HookSenders <= 1 {
@@ -83,7 +95,7 @@ func (e Env) senders() string {
 }
 
 func (e Env) fleet(ctx context.Context, o FleetOptions) (*Fleet, error) {
-	o.Fixtures, o.Logger, o.HookSenders = e.Fixtures, e.Logger, e.HookSenders
+	o.Fixtures, o.Logger, o.HookSenders, o.JITFile = e.Fixtures, e.Logger, e.HookSenders, e.JITFile
 	return StartFleet(ctx, o)
 }
 
@@ -264,7 +276,7 @@ func Throughput(ctx context.Context, e Env, o ThroughputOptions) (Result, error)
 			ms(elapsed), pq(Summarize(life)), pq(Summarize(run.tl.ReleaseLatency())), f.RunnerFailures()),
 		"the raw references publish to a scratch stream on the same server with no Nats-Msg-Id and no expected-sequence check; Berth's appends carry both and wait for each ack",
 	)
-	res.Notes = append(res.Notes, "measured with the CPU profiler on (it parts the CPU by owner); "+e.senders())
+	res.Notes = append(res.Notes, "measured with the CPU profiler on (it parts the CPU by owner); "+e.senders()+"; "+e.jitHandOver())
 	return res, nil
 }
 

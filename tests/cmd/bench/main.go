@@ -75,6 +75,7 @@ var smoke = sizes{
 type options struct {
 	isSmoke, noWrite, goBench, bareLabel bool
 	hookSenders                          int
+	jitFile                              bool
 	heapOwners                           bool
 	out, only, cpuProfile                string
 	heapDir, logLevel, asCmd             string
@@ -115,8 +116,8 @@ func main() {
 	defer stop()
 
 	env := bench.Env{Fixtures: fixtures, Seed: o.seed, Timeout: s.phaseTimeout, Stall: s.stall, BareLabel: o.bareLabel, Unloaded: &bench.Unloaded{},
-		HookSenders: o.hookSenders,
-		Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})),
+		HookSenders: o.hookSenders, JITFile: o.jitFile,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})),
 		Progress: func(format string, args ...any) {
 			fmt.Printf("[%s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
 		}}
@@ -166,6 +167,7 @@ func parseFlags() (options, sizes) {
 	flag.StringVar(&o.asCmd, "invoked-as", "", "the command to record in BENCHMARKS.md (the Makefile sets it)")
 	flag.Uint64Var(&o.seed, "seed", 1, "workload seed")
 	flag.BoolVar(&o.heapOwners, "heap-owners", false, "sample every allocation, so the memory phase parts the retained heap by owner (Berth, NATS, simulator); slow: use with -phases memory")
+	flag.BoolVar(&o.jitFile, "jit-file", false, "the bench's VMs read their JIT configs from the files the agents write, as exec and vz do (default: in memory, as ec2 does)")
 	flag.IntVar(&o.hookSenders, "hook-senders", 8, "webhook deliveries the simulator has in flight at once, each job's in order (GitHub delivers concurrently; 1: one at a time, in order)")
 	flag.BoolVar(&o.bareLabel, "bare-label", false, "add jobs whose runs-on is just \"self-hosted\" (runners of either pool may take them)")
 	sizeFlags(&s)

@@ -271,6 +271,10 @@ func (b *Backend) Close() {
 // Name implements backend.Backend.
 func (b *Backend) Name() string { return "ec2" }
 
+// InMemoryJIT implements backend.InMemoryJIT: the JIT config goes into
+// the instance's user data, so the host keeps no file of it.
+func (b *Backend) InMemoryJIT() {}
+
 // PhysicalCap implements backend.Backend: the cloud sets no per-host limit
 // Berth can read (account quotas answer InsufficientInstanceCapacity or
 // a limit error on create); the agent's physical_cap decides.

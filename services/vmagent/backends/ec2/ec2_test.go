@@ -725,3 +725,46 @@ func TestWithoutAssignByRestartThereAreNoWarmInstances(t *testing.T) {
 		t.Fatalf("a warm create without assign_by_restart: %v, %d launches", err, f.Count("RunInstances"))
 	}
 }
+
+// The agent hands ec2 the JIT config in memory (backend.InMemoryJIT).
+var _ backend.InMemoryJIT = (*ec2.Backend)(nil)
+
+// Given the JIT config in memory, as the agent hands it to ec2, when an
+// attempt is created, then its user data carries it exactly as from a
+// file; and a config in memory that is not base64 text is refused before
+// any call, as from a file.
+func TestTheJITConfigInMemoryMakesTheSameUserData(t *testing.T) {
+	f := ec2sim.New(t)
+	b := newBackend(t, f, nil)
+	v := vm(t, "berth-43-1")
+	v.JITConfigFile, v.WorkDir, v.JITConfig = "", "", []byte(jit)
+	if err := b.Create(bounded(t), v); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Create(bounded(t), vm(t, "berth-44-1")); err != nil {
+		t.Fatal(err)
+	}
+	runs := f.RunForms()
+	if len(runs) != 2 {
+		t.Fatalf("%d RunInstances calls, want 2", len(runs))
+	}
+	mem, err := ec2sim.Instance{UserData: runs[0].Get("UserData")}.Script()
+	if err != nil {
+		t.Fatal(err)
+	}
+	file, err := ec2sim.Instance{UserData: runs[1].Get("UserData")}.Script()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(mem, "\n"+jit+"\n") || strings.ReplaceAll(mem, "berth-43-1", "berth-44-1") != file {
+		t.Errorf("user data from memory:\n%s\nfrom a file:\n%s", mem, file)
+	}
+	bad := v
+	bad.Attempt, bad.JITConfig = "berth-45-1", []byte("x'\n$(reboot)")
+	if err := b.Create(bounded(t), bad); err == nil || !strings.Contains(err.Error(), "base64") {
+		t.Errorf("a JIT config in memory that is not base64: got %v", err)
+	}
+	if n := f.Count("RunInstances"); n != 2 {
+		t.Errorf("%d RunInstances calls, want 2", n)
+	}
+}

@@ -78,11 +78,17 @@ func parseUserData(text string) (*template.Template, error) {
 	return t, nil
 }
 
-// renderUserData reads the attempt's JIT config file (none for a warm VM's
+// renderUserData takes the attempt's JIT config (in memory, as an
+// InMemoryJIT backend gets it, or from its file; none for a warm VM's
 // first boot) and renders the template.
 func (b *Backend) renderUserData(vm backend.VM) ([]byte, error) {
 	jit := ""
-	if vm.JITConfigFile != "" {
+	if len(vm.JITConfig) > 0 {
+		jit = strings.TrimSpace(string(vm.JITConfig))
+		if !jitRE.MatchString(jit) {
+			return nil, fmt.Errorf("the JIT config is not base64 text (%d bytes)", len(jit))
+		}
+	} else if vm.JITConfigFile != "" {
 		raw, err := os.ReadFile(vm.JITConfigFile)
 		if err != nil {
 			return nil, fmt.Errorf("read the JIT config: %w", err)
@@ -92,7 +98,7 @@ func (b *Backend) renderUserData(vm backend.VM) ([]byte, error) {
 			return nil, fmt.Errorf("the JIT config in %s is not base64 text (%d bytes)", vm.JITConfigFile, len(jit))
 		}
 	} else if !vm.Warm {
-		return nil, errors.New("no JIT config file for a VM that is not warm")
+		return nil, errors.New("no JIT config for a VM that is not warm")
 	}
 	var buf bytes.Buffer
 	if err := b.userData.Execute(&buf, UserDataFields{

@@ -107,6 +107,13 @@ type delivery struct {
 	event, id, signature string
 	body                 []byte
 	header               http.Header // more headers, set after the others (an empty value deletes one)
+	chunked              bool        // sent without a Content-Length, as a proxy may forward it
+}
+
+// chunked is d sent without a Content-Length.
+func chunked(d delivery) delivery {
+	d.chunked = true
+	return d
 }
 
 // signed is a delivery as GitHub sends it, signed with the intake's secret.
@@ -123,6 +130,9 @@ type reply struct {
 func (in *intake) post(t *testing.T, d delivery) reply {
 	t.Helper()
 	r := httptest.NewRequest(http.MethodPost, "/webhook", bytes.NewReader(d.body))
+	if d.chunked {
+		r.ContentLength = -1
+	}
 	r.Header.Set("Content-Type", "application/json")
 	r.Header.Set("User-Agent", "GitHub-Hookshot/123abc")
 	r.Header.Set("X-GitHub-Event", d.event)
@@ -231,6 +241,23 @@ func TestQueuedDeliveryIsStoredOnceUnderItsDeliveryID(t *testing.T) {
 	}
 }
 
+// Given a signed delivery, when it comes with its Content-Length (as
+// GitHub sends it) or without one (as a proxy may forward it), then each
+// is read whole and stored.
+func TestADeliveryIsReadWholeWithOrWithoutItsLength(t *testing.T) {
+	in := newIntake(t)
+	body := fixture(t, "workflow_job.queued.self-hosted.json")
+	for _, d := range []delivery{signed("workflow_job", "len-1", body), chunked(signed("workflow_job", "len-2", body))} {
+		if r := in.post(t, d); r.code != http.StatusAccepted || r.outcome != "stored" {
+			t.Errorf("delivery %s (no Content-Length: %v): %+v, want 202 stored", d.id, d.chunked, r)
+		}
+	}
+	id, _ := jobOf(t, body)
+	if n, ev := in.stored(t, events.JobSubject(id)); n != 2 || ev.Data.(*events.JobQueued).JobID != id {
+		t.Errorf("%d facts on the job (last %+v), want one for each delivery", n, ev.Data)
+	}
+}
+
 func TestCancelledBeforeRunnerIsStoredAsCompletedWithoutRunner(t *testing.T) {
 	in := newIntake(t)
 	body := fixture(t, "workflow_job.completed.cancelled.self-hosted-arm64.partial.json")
@@ -264,6 +291,7 @@ func TestDeliveriesThatStoreNothing(t *testing.T) {
 		{"wrong secret", wrong, http.StatusUnauthorized, "unauthorized"},
 		{"tampered body", delivery{event: "workflow_job", id: "d-3", signature: sign(secret, queued), body: append([]byte(" "), queued...)}, http.StatusUnauthorized, "unauthorized"},
 		{"over 1 MiB", signed("workflow_job", "d-4", huge), http.StatusRequestEntityTooLarge, "too_large"},
+		{"over 1 MiB, no Content-Length", chunked(signed("workflow_job", "d-4c", huge)), http.StatusRequestEntityTooLarge, "too_large"},
 		{"no delivery id", signed("workflow_job", "", queued), http.StatusBadRequest, "bad_request"},
 		{"ping", signed("ping", "d-5", fixture(t, "ping.json")), http.StatusOK, "ping"},
 		{"workflow_run", signed("workflow_run", "d-6", fixture(t, "workflow_run.requested.json")), http.StatusAccepted, "ignored"},

@@ -223,6 +223,7 @@ func (d *Dispatcher) Decide(ctx context.Context) {
 	params := d.opts.Params
 	params.Now, params.Refused = now, d.refused
 	d.pause(now, &params)
+	d.forgetMinted()
 	d.Execute(ctx, Decide(d.Fold, params).Steps(), d.call)
 	d.reconcile(ctx, now)
 	d.sweep(ctx, now)
@@ -309,7 +310,6 @@ func (d *Dispatcher) housekeep(now time.Time) {
 	}
 	d.lastCompact = now
 	d.Fold.Compact(now, d.opts.Retention)
-	d.forgetMinted()
 	d.Housekeep()
 	for id := range d.refused {
 		if a := d.Fold.Attempts[id]; a == nil || !a.Held() {
@@ -478,7 +478,9 @@ func (d *Dispatcher) place(ctx context.Context, attempt string) {
 }
 
 // forgetMinted drops minted placements the fold now shows, or whose slot
-// is gone.
+// is gone, every round: each holds a sealed runner credential, and the
+// map holds only the mints in flight and the placements not yet folded
+// (a few), so a finished job leaves nothing here.
 func (d *Dispatcher) forgetMinted() {
 	d.minted.Range(func(k, v any) bool {
 		_, warm := v.(mintedPlacement).fact.(events.AttemptAssigned)

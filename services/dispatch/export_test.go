@@ -104,3 +104,10 @@ func JobFactOf(delivery string, payload []byte, installation string) (events.Pay
 	}
 	return jobFact(delivery, e, installation), nil
 }
+
+// MintedCount is how many minted placements the dispatcher keeps in
+// memory (each with its sealed JIT config) until its fold shows them.
+func (d *Dispatcher) MintedCount() (n int) {
+	d.minted.Range(func(_, _ any) bool { n++; return true })
+	return n
+}

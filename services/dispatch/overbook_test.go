@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -250,5 +251,49 @@ func TestAMintWhosePlacementWaitsIsNeverMintedTwice(t *testing.T) {
 	case name := <-m.names:
 		t.Fatalf("%s minted a second time", name)
 	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// Given a booking whose JIT config was minted and sealed, when the fold
+// shows its placement, then the next round drops the minted placement
+// from memory: a sealed runner credential and its fact stayed until the
+// minute's housekeeping, so a finished job's memory was a minute of
+// placements, not a few bytes (issue 19).
+func TestAMintedPlacementLeavesMemoryInTheRoundItsPlacementIsFolded(t *testing.T) {
+	in := newIntake(t)
+	d, err := dispatch.New(&eventlog.Loop{JS: in.js}, &eventlog.Appender{JS: in.js, Source: "test"}, &countingMinter{},
+		dispatch.Options{Logger: slog.New(slog.DiscardHandler)}, dispatch.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := nkeys.CreateCurveKeys() // the host's key, so the JIT config can be sealed to it
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := host("h-a", 1, 1)
+	if h.CurveKey, err = agent.PublicKey(); err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range []events.Payload{h, queued(1)} {
+		e := events.New("test", time.Now(), p)
+		e.Seq = uint64(i + 1)
+		deliver(d, e)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d.Decide(ctx) // books, mints and seals; the housekeeping of this first round is done
+	testkit.Poll(t, ctx, 5*time.Second, time.Millisecond, "the minted placement kept until it is placed", func(context.Context) error {
+		if n := d.MintedCount(); n != 1 {
+			return fmt.Errorf("%d minted placements kept", n)
+		}
+		return nil
+	})
+	placed := events.New("test", time.Now(), &events.AttemptPlaced{
+		AttemptRef: events.AttemptRef{Attempt: events.AttemptID(1, 1), Pool: "linux", Host: "h-a"}, JobID: 1, Labels: []string{"self-hosted", "linux"}})
+	placed.Seq = 4
+	deliver(d, placed)
+	d.Decide(ctx)
+	if n := d.MintedCount(); n != 0 {
+		t.Errorf("%d minted placements kept after the fold showed the placement, want 0", n)
 	}
 }

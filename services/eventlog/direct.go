@@ -79,7 +79,7 @@ func (p *pager) page(ctx context.Context, stream, filter string, seq uint64, bat
 	if err := nc.PublishRequest("$JS.API.DIRECT.GET."+stream, p.inbox, body); err != nil {
 		return nil, 0, err
 	}
-	var out []Delivered
+	out := make([]Delivered, 0, batch)
 	for {
 		m, err := sub.NextMsgWithContext(ctx)
 		if err != nil {

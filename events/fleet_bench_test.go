@@ -319,3 +319,39 @@ func BenchmarkDecisionIndexes(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMarshalSnapshot marshals a fold holding the whole records of
+// jobs that ended less than DefaultSettleAfter ago (a busy fleet's last
+// ten minutes): the work a service's loop does at each snapshot.
+func BenchmarkMarshalSnapshot(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run("jobs="+strconv.Itoa(n), func(b *testing.B) {
+			f := events.NewFleet()
+			seq := uint64(0)
+			for _, h := range benchHosts(10, 100) {
+				seq++
+				e := events.New("bench", t0, h)
+				e.Seq = seq
+				f.Apply(e)
+			}
+			for j := 0; j < n; j++ {
+				for _, p := range benchLifecycle(int64(j+1), "host-"+strconv.Itoa(j%10), stageDone) {
+					seq++
+					f.Apply(decoded(b, events.New("berth/bench", t0.Add(time.Duration(seq)*time.Millisecond), p), seq))
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			var size int
+			for i := 0; i < b.N; i++ {
+				s, err := events.MarshalSnapshot(f)
+				if err != nil {
+					b.Fatal(err)
+				}
+				size = len(s)
+			}
+			b.ReportMetric(float64(size)/float64(n), "B/job")
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/job")
+		})
+	}
+}

@@ -44,7 +44,8 @@ type Loop struct {
 	Tick time.Duration
 	// SnapshotKey, when set and the reactor is a Snapshotter, restores the
 	// fold from the snapshot bucket at start and saves it every
-	// SnapshotEvery (0: 1 min) while caught up.
+	// SnapshotEvery (0: 1 min) while caught up, or less often when
+	// encoding one takes over a twentieth of that (snapshotEvery).
 	SnapshotKey   string
 	SnapshotEvery time.Duration
 	// Replicas replicates the snapshot and parking buckets like the log
@@ -513,6 +514,7 @@ type snapState struct {
 	s     Snapshotter
 	seq   uint64 // sequence of the snapshot restored
 	saved time.Time
+	cost  time.Duration // how long the last SaveFold held the loop
 	// stored is the sequence of the last snapshot stored; storing runs off
 	// the loop, one at a time (putting is set while one runs).
 	stored  atomic.Uint64
@@ -566,21 +568,38 @@ func (l *Loop) final(st *snapState) {
 	st.puts.Wait()
 }
 
-// save writes a snapshot every SnapshotEvery while caught up and moving.
+// snapshotShare bounds the loop's time spent encoding snapshots: the next
+// snapshot waits at least snapshotShare times as long as the last one
+// took. A fold holding the records of a busy fleet's last ten minutes
+// (tens of thousands of jobs) takes seconds to encode, and every minute
+// would stop the loop that long, again and again, as history grows within
+// the window; a restart then folds a longer tail, which is cheap beside it.
+const snapshotShare = 20
+
+// snapshotEvery is how long after the last snapshot the next is due: base
+// (0: a minute), or snapshotShare times the last one's encoding when that
+// is longer.
+func snapshotEvery(base, cost time.Duration) time.Duration {
+	if base <= 0 {
+		base = time.Minute
+	}
+	return max(base, snapshotShare*cost)
+}
+
+// save writes a snapshot every SnapshotEvery while caught up and moving,
+// spacing them further when encoding one takes long (snapshotEvery).
 // The fold is marshalled on the loop, where it is consistent; compressing
 // and storing it (gzip is most of the cost for a large fold) run off the loop, so
 // facts keep being folded and decided on meanwhile. A put still running
 // when the next one is due delays it.
 func (l *Loop) save(ctx context.Context, st *snapState) {
-	every := l.SnapshotEvery
-	if every <= 0 {
-		every = time.Minute
-	}
+	every := snapshotEvery(l.SnapshotEvery, st.cost)
 	if st.kv == nil || !l.caughtUp.Load() || time.Since(st.saved) < every || l.lastSeq.Load() <= st.stored.Load() || st.putting.Load() {
 		return
 	}
 	st.saved = time.Now()
 	b, seq, err := st.s.SaveFold()
+	st.cost = time.Since(st.saved)
 	if err != nil {
 		slog.Warn("snapshot failed", "key", l.SnapshotKey, "err", err)
 		return

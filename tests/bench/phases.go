@@ -227,7 +227,7 @@ func Throughput(ctx context.Context, e Env, o ThroughputOptions) (Result, error)
 	perJob := facts / float64(o.Jobs)
 	size := run.tl.Bytes / max(len(run.log), 1)
 	e.say("throughput: %.1f jobs/s, %.1f facts/job of %d bytes on average; measuring raw publishes", jobsPerSec, perJob, size)
-	n := max(20000, int(2*facts))
+	n := min(max(20000, int(2*facts)), 200000) // a rate, not a load: enough to steady it, not to swamp a big run's server
 	raw, err := RawAsyncPublish(ctx, f.NATSURL, n, size, 2*time.Minute)
 	if err != nil {
 		return res, err

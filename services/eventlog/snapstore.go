@@ -2,7 +2,6 @@ package eventlog
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -11,6 +10,7 @@ import (
 	"io"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/klauspost/compress/gzip"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -48,6 +48,9 @@ func partLimit(js jetstream.JetStream) int {
 
 // PutSnapshot stores b (a fold snapshot, covering stream sequence gen)
 // under key, gzipped and split into parts when it does not fit one message.
+// The gzip is klauspost/compress's (the NATS server's own): the same
+// format, written about twice as fast as the standard library's,
+// and a snapshot of a busy fleet's fold is tens of megabytes a minute.
 func PutSnapshot(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key string, gen uint64, b []byte) error {
 	var z bytes.Buffer
 	zw := gzip.NewWriter(&z)

@@ -267,14 +267,16 @@ func payloadOf(contentType string, body []byte) ([]byte, *refusal) {
 }
 
 // readBody reads a delivery's body, at most MaxWebhookBytes. GitHub
-// sends a Content-Length, so the body is read into one buffer of that
-// size (net/http ends the body there), not grown from 512 bytes by
-// doubling for every delivery.
+// sends a Content-Length, so a body of a workflow_job's size is read into
+// one buffer of that size (net/http ends the body there), not grown from
+// 512 bytes by doubling for every delivery. A larger one grows as it
+// arrives: a sender not yet known to hold the secret gets no megabyte for
+// the asking.
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	rd := http.MaxBytesReader(w, r.Body, MaxWebhookBytes)
 	n := r.ContentLength
-	if n <= 0 || n > MaxWebhookBytes {
-		return io.ReadAll(rd) // unknown length, or over the limit: MaxBytesReader says so
+	if n <= 0 || n > presizedBody {
+		return io.ReadAll(rd) // unknown length, large, or over the limit: MaxBytesReader says so
 	}
 	body := make([]byte, n)
 	if _, err := io.ReadFull(rd, body); err != nil {
@@ -282,6 +284,10 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	}
 	return body, nil
 }
+
+// presizedBody is the largest body readBody sizes its buffer for up
+// front: GitHub's workflow_job deliveries are 5–20 KiB.
+const presizedBody = 64 << 10
 
 // isObject reports whether payload is exactly one JSON object. Checked
 // with segmentio/encoding's json.Valid, the decoder of the workflow_job

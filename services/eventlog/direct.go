@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/berth-ci/berth/events"
@@ -123,6 +124,9 @@ func Scan(ctx context.Context, js jetstream.JetStream, filter string, from, upTo
 		if pg.err != nil {
 			return next, pg.err
 		}
+		if err := ctx.Err(); err != nil {
+			return next, err // a page fetched before the end: not read
+		}
 		for _, d := range pg.facts {
 			if upTo > 0 && d.Event.Seq > upTo {
 				return next, nil
@@ -147,32 +151,39 @@ type fetched struct {
 // reader folds the current one (a replay on two cores was a third server,
 // a third decode and a third fold, one after the other). It stops after
 // the page that reaches upTo or leaves nothing pending, after an error, or
-// when stop is called. A filter of the whole log (events.SubjectAll, the
-// stream's only subject) is sent as none: the server then steps through
-// the log without matching each fact's subject.
+// when stop is called. Only stop (the reader is gone) ends it without
+// handing on its error: the end of ctx is an error the reader must get,
+// or a cancelled scan would look complete. A filter of the whole log
+// (events.SubjectAll, the stream's only subject) is sent as none: the
+// server then steps through the log without matching each fact's subject.
 func prefetch(ctx context.Context, nc *nats.Conn, filter string, from, upTo uint64) (<-chan fetched, func()) {
 	ctx, cancel := context.WithCancel(ctx)
+	stopped := make(chan struct{})
+	stop := sync.OnceFunc(func() { close(stopped); cancel() })
 	if filter == events.SubjectAll {
 		filter = ""
 	}
 	out := make(chan fetched, 1)
+	hand := func(f fetched) bool {
+		select {
+		case out <- f:
+			return true
+		case <-stopped:
+			return false
+		}
+	}
 	go func() {
 		defer close(out)
 		p, err := newPager(nc)
 		if err != nil {
-			select {
-			case out <- fetched{err: err}:
-			case <-ctx.Done():
-			}
+			hand(fetched{err: err})
 			return
 		}
 		defer p.close()
 		next := from
 		for {
 			ds, pending, err := p.page(ctx, events.StreamName, filter, next, pageSize)
-			select {
-			case out <- fetched{facts: ds, err: err}:
-			case <-ctx.Done():
+			if !hand(fetched{facts: ds, err: err}) {
 				return
 			}
 			if err != nil || pending == 0 || len(ds) == 0 {
@@ -184,7 +195,7 @@ func prefetch(ctx context.Context, nc *nats.Conn, filter string, from, upTo uint
 			}
 		}
 	}()
-	return out, cancel
+	return out, stop
 }
 
 // ErrNotAt: no fact matching the filter is stored at the sequence asked

@@ -193,3 +193,32 @@ func TestASecondReaderUnderTheSameNameIsRefused(t *testing.T) {
 		t.Fatal("a restart under a free name got nothing")
 	}
 }
+
+// Given a log of several pages, when the scan's context is cancelled while
+// the reader is on the first page (the next is already fetched, one
+// ahead), then Scan returns the context's error and no later fact: a
+// cancelled scan never looks complete. Its pages were read one ahead by a
+// goroutine that could drop the error, and a replay cut short by Ctrl-C or
+// a deadline came back as a whole fold about half the time.
+func TestACancelledScanSaysSo(t *testing.T) {
+	_, js, app := start(t)
+	for i := range 2500 {
+		appendQueued(t, app, fmt.Sprintf("c-%d", i), int64(5000+i))
+	}
+	for round := range 20 {
+		ctx, cancel := context.WithCancel(ctxFor(t))
+		var last uint64
+		next, err := eventlog.Scan(ctx, js, events.SubjectAll, 1, 0, func(d eventlog.Delivered) error {
+			last = d.Event.Seq
+			if d.Event.Seq == 500 {
+				cancel()
+			}
+			return nil
+		})
+		cancel()
+		if !errors.Is(err, context.Canceled) || last > 1000 || next != last+1 {
+			t.Fatalf("round %d: a scan cancelled at seq 500 returned %v, next %d, having read up to seq %d; want context.Canceled and nothing past its page (seq 1000)",
+				round, err, next, last)
+		}
+	}
+}

@@ -578,12 +578,13 @@ const snapshotShare = 20
 
 // snapshotEvery is how long after the last snapshot the next is due: base
 // (0: a minute), or snapshotShare times the last one's encoding when that
-// is longer.
+// is longer, but never over ten times base: a snapshot must come well
+// within the log's retention, or a restart meets facts that expired.
 func snapshotEvery(base, cost time.Duration) time.Duration {
 	if base <= 0 {
 		base = time.Minute
 	}
-	return max(base, snapshotShare*cost)
+	return min(max(base, snapshotShare*cost), 10*base)
 }
 
 // save writes a snapshot every SnapshotEvery while caught up and moving,

@@ -106,7 +106,16 @@ func New(js jetstream.JetStream, app *eventlog.Appender, b backend.Backend, opts
 		}
 		opts.PhysicalCap = bc
 	}
-	if err := os.MkdirAll(filepath.Join(opts.DataDir, "attempts"), 0o700); err != nil {
+	attempts := filepath.Join(opts.DataDir, "attempts")
+	if _, inMemory := backend.As[backend.InMemoryJIT](b); inMemory {
+		// Nothing of this backend's attempts is kept on disk: what is there
+		// is JIT configs an earlier build wrote to files (ec2 before it
+		// took them in memory), credentials no stop would remove.
+		if err := os.RemoveAll(attempts); err != nil {
+			opts.Logger.Warn("JIT config files an earlier build left could not be removed; remove them", "dir", attempts, "err", err)
+		}
+	}
+	if err := os.MkdirAll(attempts, 0o700); err != nil {
 		return nil, fmt.Errorf("agent data dir: %w", err)
 	}
 	kp, err := sealing.LoadKey(filepath.Join(opts.DataDir, "curve.seed"))

@@ -370,11 +370,24 @@ func (inMemoryBackend) InMemoryJIT() {}
 // placement is created and torn down, then the backend gets the opened
 // config in the VM itself and no file path, and the agent kept nothing of
 // the attempt on the host's disk at any point: the runner's credential
-// never touched it.
+// never touched it. A JIT config file an earlier build wrote (ec2 before
+// it took them in memory) is gone once the agent has started.
 func TestAnInMemoryBackendGetsTheJITConfigAndTheHostDiskNothing(t *testing.T) {
 	t.Parallel()
 	be := testkit.NewBackend(t)
-	h := newHarnessOn(t, inMemoryBackend{be}, nil)
+	var left string // a JIT config file an earlier build wrote for an attempt
+	h := newHarnessOn(t, inMemoryBackend{be}, func(o *vmagent.Options) {
+		left = filepath.Join(o.DataDir, "attempts", "berth-110-1", "jitconfig")
+		if err := os.MkdirAll(filepath.Dir(left), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(left, []byte("secret"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if _, err := os.Stat(left); !os.IsNotExist(err) {
+		t.Errorf("a JIT config file an earlier build left: %v; want it removed when the agent starts", err)
+	}
 	jit := []byte(`{"name":"berth-111-1","encoded_jit_config":"c2VjcmV0"}`)
 	h.place(t, h.host, "berth-111-1", 111, jit)
 	h.wait(t, "berth-111-1", events.TypeAttemptRunnerStarted)

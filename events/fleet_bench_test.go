@@ -140,14 +140,7 @@ func benchLifecycles(b *testing.B, settle bool) {
 	runtime.GC()
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	f := events.NewFleet()
-	seq := uint64(0)
-	for _, h := range benchHosts(10, 100) {
-		seq++
-		e := events.New("bench", t0, h)
-		e.Seq = seq
-		f.Apply(e)
-	}
+	f, seq := hostsFleet()
 	const chunk = 1024
 	var batch []events.Event
 	b.ReportAllocs()
@@ -186,6 +179,20 @@ func benchLifecycles(b *testing.B, settle bool) {
 	b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/float64(b.N), "retained-B/job")
 	b.ReportMetric(float64(int64(after.HeapObjects)-int64(before.HeapObjects))/float64(b.N), "retained-objs/job")
 	runtime.KeepAlive(f)
+}
+
+// hostsFleet is a fold of ten hosts of 100 slots, and the sequence of its
+// last fact.
+func hostsFleet() (*events.Fleet, uint64) {
+	f := events.NewFleet()
+	seq := uint64(0)
+	for _, h := range benchHosts(10, 100) {
+		seq++
+		e := events.New("bench", t0, h)
+		e.Seq = seq
+		f.Apply(e)
+	}
+	return f, seq
 }
 
 // decoded round-trips a fact through its stored form.
@@ -326,14 +333,7 @@ func BenchmarkDecisionIndexes(b *testing.B) {
 func BenchmarkMarshalSnapshot(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		b.Run("jobs="+strconv.Itoa(n), func(b *testing.B) {
-			f := events.NewFleet()
-			seq := uint64(0)
-			for _, h := range benchHosts(10, 100) {
-				seq++
-				e := events.New("bench", t0, h)
-				e.Seq = seq
-				f.Apply(e)
-			}
+			f, seq := hostsFleet()
 			for j := 0; j < n; j++ {
 				for _, p := range benchLifecycle(int64(j+1), "host-"+strconv.Itoa(j%10), stageDone) {
 					seq++

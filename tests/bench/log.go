@@ -76,50 +76,68 @@ type Counter struct {
 	total  int64
 	last   time.Time
 	err    error
-	cancel context.CancelFunc
-	done   chan struct{}
+	stop   func()
 }
 
 // Count starts a counter from seq from (0 or 1: the beginning).
 func Count(ctx context.Context, js jetstream.JetStream, from uint64) (*Counter, error) {
-	cfg := jetstream.OrderedConsumerConfig{}
+	c := &Counter{counts: map[string]int64{}, last: time.Now()}
+	stop, err := tail(ctx, js, jetstream.OrderedConsumerConfig{}, from, func(msg jetstream.Msg, at time.Time) {
+		t := msg.Headers().Get("Ce-Type")
+		c.mu.Lock()
+		c.counts[t]++
+		c.total++
+		c.last = at
+		c.mu.Unlock()
+	}, func(err error) {
+		c.mu.Lock()
+		c.err = err
+		c.mu.Unlock()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count: %w", err)
+	}
+	c.stop = stop
+	return c, nil
+}
+
+// tail follows the log from seq from (0 or 1: the beginning) through an
+// ordered consumer (cfg's filters, if any), calling each in order for
+// every message with when it was received, in its own goroutine until
+// stop, which waits for it. A read error other than the stop goes to
+// failed and ends the tail.
+func tail(ctx context.Context, js jetstream.JetStream, cfg jetstream.OrderedConsumerConfig, from uint64,
+	each func(jetstream.Msg, time.Time), failed func(error)) (stop func(), err error) {
 	if from > 1 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
 	}
 	cons, err := js.OrderedConsumer(ctx, events.StreamName, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("count: %w", err)
+		return nil, err
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(1024))
 	if err != nil {
-		return nil, fmt.Errorf("count: %w", err)
+		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	c := &Counter{counts: map[string]int64{}, cancel: cancel, done: make(chan struct{}), last: time.Now()}
-	stop := context.AfterFunc(ctx, it.Stop)
+	done := make(chan struct{})
+	unhook := context.AfterFunc(ctx, it.Stop)
 	go func() {
-		defer close(c.done)
+		defer close(done)
 		defer eventlog.DropOrdered(js, cons)
-		defer stop()
+		defer unhook()
 		for {
 			msg, err := it.Next()
 			if err != nil {
 				if ctx.Err() == nil && !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-					c.mu.Lock()
-					c.err = err
-					c.mu.Unlock()
+					failed(err)
 				}
 				return
 			}
-			t := msg.Headers().Get("Ce-Type")
-			c.mu.Lock()
-			c.counts[t]++
-			c.total++
-			c.last = time.Now()
-			c.mu.Unlock()
+			each(msg, time.Now())
 		}
 	}()
-	return c, nil
+	return func() { cancel(); <-done }, nil
 }
 
 // Get returns how many facts of type t were seen.
@@ -144,10 +162,7 @@ func (c *Counter) Err() error {
 }
 
 // Stop ends the follower and waits for it.
-func (c *Counter) Stop() {
-	c.cancel()
-	<-c.done
-}
+func (c *Counter) Stop() { c.stop() }
 
 // Settled is the lifecycle condition most phases wait for: n jobs completed,
 // every reservation released and every placed attempt's VM stopped.

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
-	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -21,60 +20,38 @@ import (
 type Probe struct {
 	mu       sync.Mutex
 	received map[int64]time.Time // job id → its queued fact received
-	err      error
-	cancel   context.CancelFunc
-	done     chan struct{}
+	stop     func()
 }
 
 // StartProbe follows the job facts stored after seq from.
 func StartProbe(ctx context.Context, js jetstream.JetStream, from uint64) (*Probe, error) {
+	p := &Probe{received: map[int64]time.Time{}}
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.SubjectPrefix + ".job.>"}}
-	if from > 1 {
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
-	}
-	cons, err := js.OrderedConsumer(ctx, events.StreamName, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("probe: %w", err)
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(1024))
-	if err != nil {
-		return nil, fmt.Errorf("probe: %w", err)
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	p := &Probe{received: map[int64]time.Time{}, cancel: cancel, done: make(chan struct{})}
-	stop := context.AfterFunc(ctx, it.Stop)
-	go func() {
-		defer close(p.done)
-		defer eventlog.DropOrdered(js, cons)
-		defer stop()
-		for {
-			msg, err := it.Next()
-			at := time.Now()
-			if err != nil {
-				return
-			}
-			if msg.Headers().Get("Ce-Type") != events.TypeJobQueued {
-				continue
-			}
-			ev, err := events.Unmarshal(msg.Data(), 0)
-			q, ok := ev.Data.(*events.JobQueued)
-			if err != nil || !ok {
-				continue
-			}
-			p.mu.Lock()
-			if _, seen := p.received[q.JobID]; !seen {
-				p.received[q.JobID] = at
-			}
-			p.mu.Unlock()
+	stop, err := tail(ctx, js, cfg, from, func(msg jetstream.Msg, at time.Time) {
+		if msg.Headers().Get("Ce-Type") != events.TypeJobQueued {
+			return
 		}
-	}()
+		ev, err := events.Unmarshal(msg.Data(), 0)
+		q, ok := ev.Data.(*events.JobQueued)
+		if err != nil || !ok {
+			return
+		}
+		p.mu.Lock()
+		if _, seen := p.received[q.JobID]; !seen {
+			p.received[q.JobID] = at
+		}
+		p.mu.Unlock()
+	}, func(error) {}) // a probe that stops early leaves jobs out of the split, and says so by their number
+	if err != nil {
+		return nil, fmt.Errorf("probe: %w", err)
+	}
+	p.stop = stop
 	return p, nil
 }
 
 // Stop ends the probe and returns when and which job facts it received.
 func (p *Probe) Stop() map[int64]time.Time {
-	p.cancel()
-	<-p.done
+	p.stop()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.received

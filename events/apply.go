@@ -245,7 +245,7 @@ func (f *Fleet) Skip(seq uint64, subject string) {
 }
 
 func (f *Fleet) jobFact(r JobRef, st JobStatus, at time.Time, runner, conclusion string) {
-	if r.Delivery != "" {
+	if r.Delivery != "" && !f.history.noDeliveries {
 		if seen, ok := f.Deliveries[r.Delivery]; (!ok && !f.DeliveryStored(r.Delivery)) || (ok && at.Before(seen)) {
 			f.Deliveries[r.Delivery] = at
 		}
@@ -431,12 +431,12 @@ func (f *Fleet) CompactAfter(now time.Time, settle, retention time.Duration) (jo
 		f.byRunner, f.Deliveries = shrunk(f.byRunner, &pk.byRunner), shrunk(f.Deliveries, &pk.deliveries)
 	}()
 	var settledA []tomb[string]
-	var settledP []tomb[uint64]
+	var settledP []stamped[uint64]
 	for id, a := range f.Attempts {
 		switch {
 		case f.settleAttempt(a, scut):
 			if k, ok := packAttempt(id); ok {
-				settledP = append(settledP, tomb[uint64]{k, a.LastAt.Unix()})
+				settledP = append(settledP, stamped[uint64]{k, a.LastAt.Unix()})
 			} else {
 				settledA = append(settledA, tomb[string]{id, a.LastAt.Unix()})
 			}
@@ -458,7 +458,7 @@ func (f *Fleet) CompactAfter(now time.Time, settle, retention time.Duration) (jo
 		}
 		kept[a.JobID], kept[f.byRunner[a.ID]] = true, true
 	}
-	var settledJ []tomb[int64]
+	var settledJ []stamped[uint64]
 	for id, j := range f.Jobs {
 		settle := f.settleJob(j, scut) && !kept[id]
 		done := j.Status == StatusCompleted && j.CompletedAt.Before(cut)
@@ -476,7 +476,7 @@ func (f *Fleet) CompactAfter(now time.Time, settle, retention time.Duration) (jo
 			f.markJob(id)
 			jobs++
 			if settle {
-				settledJ = append(settledJ, tomb[int64]{id, j.CompletedAt.Unix()})
+				settledJ = append(settledJ, stamped[uint64]{jobKey(id), j.CompletedAt.Unix()})
 			}
 		}
 	}

@@ -3,3 +3,19 @@ package events
 // ScanPoolLabels is PoolLabels from a walk over every host, as it was
 // computed before the fold kept it: what the kept labels must equal.
 func (f *Fleet) ScanPoolLabels() map[string][]string { l, _ := f.scanPoolLabels(); return l }
+
+// PackedSet packs keys (any order, repeats allowed) in two batches, as two
+// Compacts would, with low bits coded apart, and gives its lookup, its size
+// and the same set read back from its snapshot form.
+func PackedSet(low uint8, first, second []uint64) (has func(uint64) bool, n int, back func(uint64) bool, err error) {
+	p := packed{low: low}.with(first).with(second)
+	q, err := unmarshalPacked(low, p.marshal())
+	return p.has, p.len(), q.has, err
+}
+
+// PackedBytes is how many bytes the packed set of keys takes, heads
+// included.
+func PackedBytes(low uint8, keys []uint64) int {
+	p := packed{low: low}.with(keys)
+	return len(p.data) + 12*len(p.heads)
+}

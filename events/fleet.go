@@ -186,6 +186,7 @@ func NewFleet() *Fleet {
 		DemandReported: map[string]time.Time{},
 		Deliveries:     map[string]time.Time{},
 		byRunner:       map[string]int64{},
+		history:        newHistory(),
 	}
 }
 

@@ -1,7 +1,6 @@
 package events
 
 import (
-	"bytes"
 	"cmp"
 	"encoding/binary"
 	"fmt"
@@ -74,17 +73,29 @@ func (t *tombs[K]) dropBefore(cut int64) {
 
 // history is what the fold keeps of what is over.
 type history struct {
-	jobs       tombs[int64]
-	placements tombs[uint64] // attempts of AttemptID's form, packed (packAttempt)
-	attempts   tombs[string] // other attempts (warm VMs)
-	deliveries deliveryTombs
+	jobs       hourly[uint64, packed] // jobKey(id)
+	placements hourly[uint64, packed] // attempts of AttemptID's form (packAttempt), the number coded apart
+	attempts   tombs[string]          // other attempts (warm VMs): few
+	deliveries hourly[uuidID, uuids]
 	// repos: each owner/repo a job fact of an installation named, with
 	// the time of the last (unix seconds): where the dispatcher polls for
 	// lost webhooks and sweeps runners, through that installation's
 	// client, kept per repository for the retention, not per job.
 	repos map[repoKey]int64
 	peaks peaks
+	// noDeliveries: this fold keeps no delivery ids (DropDeliveryIDs).
+	noDeliveries bool
 }
+
+// attemptLow is how many low bits of a packed attempt are its number.
+const attemptLow = 16
+
+func newHistory() history {
+	return history{placements: hourly[uint64, packed]{proto: packed{low: attemptLow}}}
+}
+
+// jobKey maps a job id onto uint64 in the same order.
+func jobKey(id int64) uint64 { return uint64(id) ^ 1<<63 }
 
 // repoKey is a repository as one installation reaches it.
 type repoKey struct{ installation, org, repo string }
@@ -116,7 +127,7 @@ func (f *Fleet) sawRepo(installation, org, repo string, at time.Time) {
 
 // Settled reports whether job id is over and only its id is left: it
 // completed, and every attempt that served it is done.
-func (f *Fleet) Settled(id int64) bool { return f.history.jobs.has(id) }
+func (f *Fleet) Settled(id int64) bool { return f.history.jobs.has(jobKey(id)) }
 
 // KnownJob reports whether the fold knows job id: as a record or as a
 // tombstone.
@@ -148,12 +159,12 @@ func packAttempt(id string) (uint64, bool) {
 	if err1 != nil || err2 != nil || job < 0 || job >= 1<<47 || AttemptID(job, int(n)) != id {
 		return 0, false
 	}
-	return uint64(job)<<16 | n, true
+	return uint64(job)<<attemptLow | n, true
 }
 
 // SettledCounts is how many jobs and attempts are kept as tombstones.
 func (f *Fleet) SettledCounts() (jobs, attempts int) {
-	return len(f.history.jobs), len(f.history.placements) + len(f.history.attempts)
+	return f.history.jobs.len(), f.history.placements.len() + len(f.history.attempts)
 }
 
 // settleJob reports whether the completed job may leave only its id.
@@ -246,77 +257,63 @@ func lowerHex(c byte) (byte, bool) {
 	return 0, false
 }
 
-// deliveryTombs holds the delivery ids that settled: sorted, 24 bytes each.
-type deliveryTomb struct {
-	id uuidID
-	at int64 // unix seconds of the earliest fact stored under it
-}
-
-type deliveryTombs []deliveryTomb
-
-func (t deliveryTombs) find(u uuidID) (int, bool) {
-	return slices.BinarySearchFunc(t, u, func(e deliveryTomb, u uuidID) int { return bytes.Compare(e.id[:], u[:]) })
-}
-
 // DeliveryStored reports whether a job fact carrying GitHub delivery id
 // (X-GitHub-Delivery) is in the fold: what the dispatcher must not ask
 // GitHub to redeliver. Ids are kept for DeliveryMemory (GitHub redelivers
-// for 3 days) or the retention, whichever is longer.
+// for 3 days) or the retention, whichever is longer. A fold that dropped
+// delivery ids (DropDeliveryIDs) holds none.
 func (f *Fleet) DeliveryStored(id string) bool {
 	if _, ok := f.Deliveries[id]; ok {
 		return true
 	}
 	if u, ok := parseUUID(id); ok {
-		_, ok := f.history.deliveries.find(u)
-		return ok
+		return f.history.deliveries.has(u)
 	}
 	return false
 }
 
+// DropDeliveryIDs makes the fold keep no GitHub delivery ids, and forget
+// those it has: only the dispatcher asks GitHub to redeliver
+// (DeliveryStored), and a job's three webhooks cost 48 bytes for three days
+// in every fold that keeps them.
+func (f *Fleet) DropDeliveryIDs() {
+	f.history.noDeliveries = true
+	f.history.deliveries = hourly[uuidID, uuids]{}
+	clear(f.Deliveries)
+}
+
+// KeepsDeliveryIDs reports whether the fold keeps GitHub delivery ids.
+func (f *Fleet) KeepsDeliveryIDs() bool { return !f.history.noDeliveries }
+
 // settleDeliveries moves the delivery ids older than cut that are UUIDs
-// out of the map into the sorted compact set, and drops from it those
-// older than dcut.
+// out of the map into the packed hours, and drops the hours older than
+// dcut.
 func (f *Fleet) settleDeliveries(cut time.Time, dcut int64) {
-	var more deliveryTombs
+	var more []stamped[uuidID]
 	for id, at := range f.Deliveries {
 		if !at.Before(cut) {
 			continue
 		}
 		if u, ok := parseUUID(id); ok {
-			more = append(more, deliveryTomb{u, at.Unix()})
+			more = append(more, stamped[uuidID]{u, at.Unix()})
 			delete(f.Deliveries, id)
 		}
 	}
-	d := merged(f.history.deliveries, more, func(a, b deliveryTomb) int {
-		if c := bytes.Compare(a.id[:], b.id[:]); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.at, b.at)
-	})
-	// One entry per id, the earliest; none older than dcut.
-	d = slices.CompactFunc(d, func(a, b deliveryTomb) bool { return a.id == b.id })
-	f.history.deliveries = slices.DeleteFunc(d, func(e deliveryTomb) bool { return e.at < dcut })
+	f.history.deliveries.add(more)
+	f.history.deliveries.dropBefore(dcut)
 }
 
-// marshalDeliveries packs the settled delivery ids for a snapshot: 24 bytes
-// each (the id, then the unix seconds, big-endian).
-func (t deliveryTombs) marshal() []byte {
-	out := make([]byte, 0, 24*len(t))
-	for _, e := range t {
-		out = append(out, e.id[:]...)
-		out = binary.BigEndian.AppendUint64(out, uint64(e.at))
-	}
-	return out
-}
-
-func unmarshalDeliveries(b []byte) (deliveryTombs, error) {
+// unmarshalDeliveries reads the settled delivery ids of a snapshot that an
+// earlier build wrote: 24 bytes each (the id, then the unix seconds,
+// big-endian).
+func unmarshalDeliveries(b []byte) ([]stamped[uuidID], error) {
 	if len(b)%24 != 0 {
 		return nil, fmt.Errorf("settled deliveries: %d bytes, not a multiple of 24", len(b))
 	}
-	out := make(deliveryTombs, 0, len(b)/24)
+	out := make([]stamped[uuidID], 0, len(b)/24)
 	for i := 0; i < len(b); i += 24 {
-		var e deliveryTomb
-		copy(e.id[:], b[i:i+16])
+		var e stamped[uuidID]
+		copy(e.key[:], b[i:i+16])
 		e.at = int64(binary.BigEndian.Uint64(b[i+16 : i+24]))
 		out = append(out, e)
 	}

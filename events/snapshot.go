@@ -59,15 +59,20 @@ type (
 		ByRunner       map[string]int64     `json:"by_runner"`
 		Deliveries     map[string]time.Time `json:"deliveries,omitempty"`
 		GitHub         GitHubHealth         `json:"github"`
-		// What is left of jobs and attempts that are over (version 2).
-		SettledJobs     tombs[int64]  `json:"settled_jobs,omitempty"`
-		SettledAttempts tombs[string] `json:"settled_attempts,omitempty"`
-		SettledPlaced   tombs[uint64] `json:"settled_placements,omitempty"`
-		SawJobs         bool          `json:"saw_jobs,omitempty"`
-		Repos           []snapRepo    `json:"repos,omitempty"`
-		// SettledDeliveries packs the delivery ids that settled, 24
-		// bytes each (history.go).
-		SettledDeliveries []byte `json:"settled_deliveries,omitempty"`
+		// What is left of jobs and attempts that are over (version 2):
+		// each hour's ids packed (idset.go).
+		SettledJobHours       []snapHour    `json:"settled_job_hours,omitempty"`
+		SettledPlacementHours []snapHour    `json:"settled_placement_hours,omitempty"`
+		SettledDeliveryHours  []snapHour    `json:"settled_delivery_hours,omitempty"`
+		SettledAttempts       tombs[string] `json:"settled_attempts,omitempty"`
+		SawJobs               bool          `json:"saw_jobs,omitempty"`
+		Repos                 []snapRepo    `json:"repos,omitempty"`
+		// The same as earlier builds wrote it, read so that their
+		// snapshots still load: an id and its time each; deliveries 24
+		// bytes each (unmarshalDeliveries).
+		SettledJobs       tombs[int64]  `json:"settled_jobs,omitempty"`
+		SettledPlaced     tombs[uint64] `json:"settled_placements,omitempty"`
+		SettledDeliveries []byte        `json:"settled_deliveries,omitempty"`
 	}
 )
 
@@ -81,8 +86,8 @@ func fromSnap(s snapStamp) stamp { return stamp{s.At, s.Seq, s.ID} }
 func MarshalSnapshot(f *Fleet) ([]byte, error) {
 	s := snapshot{Version: SnapshotVersion, LastSeq: f.LastSeq, Skipped: f.Skipped, Applied: f.Applied,
 		DemandReported: f.DemandReported, ByRunner: f.byRunner, Deliveries: f.Deliveries, GitHub: f.GitHub,
-		SettledJobs: f.history.jobs, SettledAttempts: f.history.attempts, SettledPlaced: f.history.placements, SawJobs: f.sawJobs,
-		SettledDeliveries: f.history.deliveries.marshal()}
+		SettledJobHours: marshalPackedHours(f.history.jobs), SettledPlacementHours: marshalPackedHours(f.history.placements),
+		SettledDeliveryHours: marshalUUIDHours(f.history.deliveries), SettledAttempts: f.history.attempts, SawJobs: f.sawJobs}
 	for k, at := range f.history.repos {
 		s.Repos = append(s.Repos, snapRepo{k.installation, k.org, k.repo, at})
 	}
@@ -137,13 +142,10 @@ func UnmarshalSnapshot(b []byte) (*Fleet, error) {
 	}
 	f := NewFleet()
 	f.LastSeq, f.Skipped, f.Applied, f.GitHub = s.LastSeq, s.Skipped, s.Applied, s.GitHub
-	f.history = history{jobs: s.SettledJobs, attempts: s.SettledAttempts, placements: s.SettledPlaced}
-	f.sawJobs = s.SawJobs
-	d, err := unmarshalDeliveries(s.SettledDeliveries)
-	if err != nil {
+	if err := s.restoreHistory(f); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
-	f.history.deliveries = d
+	f.sawJobs = s.SawJobs
 	for _, r := range s.Repos {
 		if f.history.repos == nil {
 			f.history.repos = map[repoKey]int64{}
@@ -196,4 +198,34 @@ func UnmarshalSnapshot(b []byte) (*Fleet, error) {
 		f.Deliveries = s.Deliveries
 	}
 	return f, nil
+}
+
+// restoreHistory puts the settled ids into f: packed by the hour, and
+// those an earlier build wrote one by one.
+func (s *snapshot) restoreHistory(f *Fleet) error {
+	var err error
+	h := &f.history
+	h.attempts = s.SettledAttempts
+	if h.jobs, err = unmarshalPackedHours(0, s.SettledJobHours); err != nil {
+		return err
+	}
+	if h.placements, err = unmarshalPackedHours(attemptLow, s.SettledPlacementHours); err != nil {
+		return err
+	}
+	if h.deliveries, err = unmarshalUUIDHours(s.SettledDeliveryHours); err != nil {
+		return err
+	}
+	jobs := make([]stamped[uint64], 0, len(s.SettledJobs))
+	for _, t := range s.SettledJobs {
+		jobs = append(jobs, stamped[uint64]{jobKey(t.ID), t.At})
+	}
+	h.jobs.add(jobs)
+	placed := make([]stamped[uint64], 0, len(s.SettledPlaced))
+	for _, t := range s.SettledPlaced {
+		placed = append(placed, stamped[uint64]{t.ID, t.At})
+	}
+	h.placements.add(placed)
+	d, err := unmarshalDeliveries(s.SettledDeliveries)
+	h.deliveries.add(d)
+	return err
 }

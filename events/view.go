@@ -136,7 +136,7 @@ func (f *Fleet) Status() Status {
 	b.addJobs()
 	b.addHosts()
 	b.addAlarms()
-	b.st.Jobs.Completed += len(f.history.jobs) // over, kept as ids (history.go)
+	b.st.Jobs.Completed += f.history.jobs.len() // over, kept as ids (history.go)
 	return b.finish()
 }
 

@@ -182,11 +182,15 @@ func (s *Shell) SaveFold() ([]byte, uint64, error) {
 	return b, s.Fold.LastSeq, err
 }
 
-// RestoreFold implements Snapshotter (called before the loop runs).
+// RestoreFold implements Snapshotter (called before the loop runs). The
+// restored fold keeps delivery ids only if the one it replaces did.
 func (s *Shell) RestoreFold(b []byte) (uint64, error) {
 	f, err := events.UnmarshalSnapshot(b)
 	if err != nil {
 		return 0, err
+	}
+	if !s.Fold.KeepsDeliveryIDs() {
+		f.DropDeliveryIDs()
 	}
 	s.Fold = f
 	return f.LastSeq, nil

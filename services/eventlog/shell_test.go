@@ -165,3 +165,25 @@ func TestMalformedBytesAreRefusedUnknownTypesSkipped(t *testing.T) {
 		t.Fatalf("fold at seq %d with %d skipped, want 2 and 2", s.Fold.LastSeq, s.Fold.Skipped)
 	}
 }
+
+// Given a shell whose fold drops delivery ids (the watchdog's), when it
+// restores a snapshot of a fold that kept them, then the restored fold
+// holds none and goes on dropping them.
+func TestARestoredFoldDropsDeliveryIDsAsTheOneItReplaces(t *testing.T) {
+	const id = "72d3162e-cc78-11e3-81ab-4c9367dc0958"
+	kept := events.NewFleet()
+	kept.Apply(events.Event{Seq: 1, Time: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC),
+		Data: &events.JobQueued{JobRef: events.JobRef{JobID: 1, Delivery: id, Labels: []string{"linux"}}}})
+	b, err := events.MarshalSnapshot(kept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := eventlog.NewShell(nil, nil, nil, nil)
+	s.Fold.DropDeliveryIDs()
+	if _, err := s.RestoreFold(b); err != nil {
+		t.Fatal(err)
+	}
+	if s.Fold.KeepsDeliveryIDs() || s.Fold.DeliveryStored(id) || !s.Fold.KnownJob(1) {
+		t.Fatalf("restored fold: keeps delivery ids %v, holds %s %v, knows the job %v", s.Fold.KeepsDeliveryIDs(), id, s.Fold.DeliveryStored(id), s.Fold.KnownJob(1))
+	}
+}

@@ -96,6 +96,9 @@ func New(js jetstream.JetStream, app *eventlog.Appender, p Params, clk clock.Clo
 	loop := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Gap: DecideGap}
 	w := &Watchdog{Shell: eventlog.NewShell(loop, app, clk, logger), js: js, params: p,
 		logger: logger, beats: map[string]beat{}, announced: map[string]announcement{}}
+	// Only the dispatcher asks GitHub to redeliver a webhook: this fold
+	// need not keep the delivery ids (16 bytes a webhook for three days).
+	w.Fold.DropDeliveryIDs()
 	w.Refused = func(e events.Event, err error) {
 		w.refusal = Refusal{Count: w.refusal.Count + 1, Seq: e.Seq, Subject: e.Subject, Reason: err.Error()}
 	}

@@ -427,8 +427,15 @@ func (f *Fleet) CompactAfter(now time.Time, settle, retention time.Duration) (jo
 	pk.jobs, pk.attempts = max(pk.jobs, len(f.Jobs)), max(pk.attempts, len(f.Attempts))
 	pk.byRunner, pk.deliveries = max(pk.byRunner, len(f.byRunner)), max(pk.deliveries, len(f.Deliveries))
 	defer func() {
+		jobs, attempts := pk.jobs, pk.attempts
 		f.Jobs, f.Attempts = shrunk(f.Jobs, &pk.jobs), shrunk(f.Attempts, &pk.attempts)
 		f.byRunner, f.Deliveries = shrunk(f.byRunner, &pk.byRunner), shrunk(f.Deliveries, &pk.deliveries)
+		if pk.jobs < jobs || pk.attempts < attempts {
+			// The live index holds a subset of the records, in maps that
+			// keep the buckets of their peak too: it is built again at
+			// its new size on the next read.
+			f.live = live{}
+		}
 	}()
 	var settledA []tomb[string]
 	var settledP []stamped[uint64]

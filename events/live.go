@@ -209,7 +209,7 @@ func (f *Fleet) settle() {
 			f.fileHost(h)
 		}
 	}
-	clear(l.dirtyHosts)
+	l.dirtyHosts = emptied(l.dirtyHosts)
 	rematch := l.demand.gen != f.labels.gen
 	for id := range l.dirtyJobs {
 		j := f.Jobs[id]
@@ -227,7 +227,7 @@ func (f *Fleet) settle() {
 			f.fileDemand(id, j)
 		}
 	}
-	clear(l.dirtyJobs)
+	l.dirtyJobs = emptied(l.dirtyJobs)
 	if rematch {
 		f.rematchDemand()
 	}
@@ -249,7 +249,7 @@ func (f *Fleet) settle() {
 			delete(l.vms, id)
 		}
 	}
-	clear(l.dirtyAttempts)
+	l.dirtyAttempts = emptied(l.dirtyAttempts)
 }
 
 // rematchDemand files every open job in demand under the pool it matches
@@ -383,4 +383,15 @@ func (f *Fleet) fileHost(h *Host) {
 func (f *Fleet) HostsWithRoom(pool string) iter.Seq[*Host] {
 	f.settle()
 	return maps.Values(f.live.roomy[pool])
+}
+
+// emptied empties a set of marks: in place, or, once it held more than a
+// few thousand (a Compact marks every record it settles), as a new map, so
+// it does not keep the buckets of that peak.
+func emptied[K comparable](m map[K]struct{}) map[K]struct{} {
+	if len(m) > 4096 {
+		return map[K]struct{}{}
+	}
+	clear(m)
+	return m
 }

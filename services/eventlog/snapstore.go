@@ -36,15 +36,21 @@ type manifest struct {
 
 // partLimit is the largest value stored in one message: the server's
 // max_payload less room for headers (8 KiB, or a quarter of a small
-// max_payload), or 512 KiB when it is unknown.
+// max_payload), or 512 KiB when it is unknown, and never over maxPart.
 func partLimit(js jetstream.JetStream) int {
 	if nc := js.Conn(); nc != nil {
 		if mp := int(nc.MaxPayload()); mp > 0 {
-			return mp - min(8<<10, mp/4)
+			return min(maxPart, mp-min(8<<10, mp/4))
 		}
 	}
-	return 512 << 10
+	return min(maxPart, 512<<10)
 }
+
+// maxPart caps a snapshot's part: nats.go keeps its connection's write
+// buffer at the size of the largest message it sent (natsWriter.bufs is
+// only ever cut to length 0), so a service that stored a 4 MiB part once
+// keeps 4 MiB for as long as it runs.
+const maxPart = 256 << 10
 
 // PutSnapshot stores b (a fold snapshot, covering stream sequence gen)
 // under key, gzipped and split into parts when it does not fit one message.

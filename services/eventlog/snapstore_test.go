@@ -156,3 +156,34 @@ func runStoppable(t *testing.T, l *eventlog.Loop, r eventlog.Reactor) (stop func
 	t.Cleanup(stop)
 	return stop
 }
+
+// Given a server that takes messages of 4 MiB (the embedded default), when
+// a snapshot of 1 MiB that gzip cannot shrink is stored, then it goes in
+// parts of at most 256 KiB (the client keeps a write buffer the size of
+// the largest message it sent) and reads back whole.
+func TestASnapshotGoesInPartsSmallEnoughNotToSwellTheClientsBuffer(t *testing.T) {
+	js, kv, _ := startSmall(t, 4<<20)
+	ctx := ctxFor(t)
+	big := make([]byte, 1<<20)
+	for i := range big {
+		big[i] = byte(rand.IntN(256))
+	}
+	if err := eventlog.PutSnapshot(ctx, js, kv, "dispatcher", 3, big); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keysWithPrefix(t, kv, "dispatcher.g3.") {
+		e, err := kv.Get(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(e.Value()) > 256<<10 {
+			t.Errorf("part %s holds %d bytes, more than 256 KiB", k, len(e.Value()))
+		}
+	}
+	if got, err := eventlog.GetSnapshot(ctx, kv, "dispatcher"); err != nil || string(got) != string(big) {
+		t.Fatalf("read back %d bytes (err %v), want the %d stored", len(got), err, len(big))
+	}
+	if parts := keysWithPrefix(t, kv, "dispatcher.g3."); len(parts) < 4 {
+		t.Fatalf("parts %v, want at least 4 for 1 MiB", parts)
+	}
+}

@@ -486,6 +486,9 @@ func (d *Dispatcher) forgetMinted() {
 		_, warm := v.(mintedPlacement).fact.(events.AttemptAssigned)
 		if a := d.Fold.Attempts[k.(string)]; a == nil || !a.Held() || (!warm && a.Placed) || (warm && a.Assigned) {
 			d.minted.Delete(k)
+			// No round mints for it again: its mark need not wait
+			// out InFlightFor in memory.
+			d.Forget(MintCall{k.(string)}.CallKey())
 		}
 		return true
 	})

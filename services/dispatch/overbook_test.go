@@ -256,7 +256,8 @@ func TestAMintWhosePlacementWaitsIsNeverMintedTwice(t *testing.T) {
 
 // Given a booking whose JIT config was minted and sealed, when the fold
 // shows its placement, then the next round drops the minted placement
-// from memory: a sealed runner credential and its fact stayed until the
+// from memory, and the mint call's in-flight mark with it: a sealed
+// runner credential and its fact stayed until the
 // minute's housekeeping, so a finished job's memory was a minute of
 // placements, not a few bytes (issue 19).
 func TestAMintedPlacementLeavesMemoryInTheRoundItsPlacementIsFolded(t *testing.T) {
@@ -295,5 +296,8 @@ func TestAMintedPlacementLeavesMemoryInTheRoundItsPlacementIsFolded(t *testing.T
 	d.Decide(ctx)
 	if n := d.MintedCount(); n != 0 {
 		t.Errorf("%d minted placements kept after the fold showed the placement, want 0", n)
+	}
+	if key := (dispatch.MintCall{Attempt: events.AttemptID(1, 1)}).CallKey(); d.InFlight(key) {
+		t.Errorf("the mint call's in-flight mark %s kept after the fold showed the placement", key)
 	}
 }

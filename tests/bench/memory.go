@@ -17,6 +17,10 @@ import (
 type MemoryOptions struct {
 	Warmup, Jobs   int
 	HeapProfileDir string // write heap profiles before and after here when not ""
+	// HeapOwners: the process samples allocations from its start
+	// (runtime.MemProfileRate, every one when 1), so the heap is parted
+	// by owner.
+	HeapOwners bool
 }
 
 type memPoint struct {
@@ -97,7 +101,7 @@ func Memory(ctx context.Context, e Env, o MemoryOptions) (Result, error) {
 	if err := heapProfile(o.HeapProfileDir, "heap-before.pb.gz"); err != nil {
 		return res, err
 	}
-	heapBefore, err := exactHeap()
+	heapBefore, err := ownedHeap(o.HeapOwners)
 	if err != nil {
 		return res, err
 	}
@@ -112,7 +116,7 @@ func Memory(ctx context.Context, e Env, o MemoryOptions) (Result, error) {
 	if err := heapProfile(o.HeapProfileDir, "heap-after.pb.gz"); err != nil {
 		return res, err
 	}
-	heapAfter, err := exactHeap()
+	heapAfter, err := ownedHeap(o.HeapOwners)
 	if err != nil {
 		return res, err
 	}
@@ -162,15 +166,16 @@ func Memory(ctx context.Context, e Env, o MemoryOptions) (Result, error) {
 		res.Notes = append(res.Notes, "heap profiles: `go tool pprof -top -diff_base "+o.HeapProfileDir+"/heap-before.pb.gz "+o.HeapProfileDir+"/heap-after.pb.gz`")
 	}
 	if heapBefore != nil {
-		res.Rows = append(res.Rows, heapByOwner(heapBefore, heapAfter, n))
+		res.Rows = append(res.Rows, heapByOwner(heapBefore, heapAfter, n, runtime.MemProfileRate))
 	}
 	return res, nil
 }
 
-// exactHeap is the heap by owner when every allocation is sampled
-// (-heap-owners), else nil.
-func exactHeap() (HeapShares, error) {
-	if runtime.MemProfileRate != 1 {
+// ownedHeap is the heap by owner when allocations are sampled from the
+// process's start (-heap-owners), else nil: exact when every one is, the
+// profile's estimate otherwise.
+func ownedHeap(owners bool) (HeapShares, error) {
+	if !owners {
 		return nil, nil
 	}
 	var buf bytes.Buffer
@@ -180,9 +185,10 @@ func exactHeap() (HeapShares, error) {
 	return HeapSharesOf(buf.Bytes())
 }
 
-// heapByOwner is the heap retained per job by each part, from exact heap
-// profiles taken beside the before and after measures.
-func heapByOwner(before, after HeapShares, jobs float64) Row {
+// heapByOwner is the heap retained per job by each part, from heap
+// profiles taken beside the before and after measures, sampled one
+// allocation each rate bytes (1: every one).
+func heapByOwner(before, after HeapShares, jobs float64, rate int) Row {
 	per := func(p Part) string {
 		d := after[p]
 		b := before[p]
@@ -190,7 +196,11 @@ func heapByOwner(before, after HeapShares, jobs float64) Row {
 	}
 	berth := float64(after[PartBerth][0]-before[PartBerth][0]) / jobs
 	objs := float64(after[PartBerth][1]-before[PartBerth][1]) / jobs
-	return Row{Figure: "Memory: retained per job by owner, every allocation sampled (-heap-owners): Berth's folds and services",
+	how := "every allocation sampled"
+	if rate > 1 {
+		how = fmt.Sprintf("estimated from allocations sampled one each %d B", rate)
+	}
+	return Row{Figure: "Memory: retained per job by owner, " + how + " (-heap-owners): Berth's folds and services",
 		Value:     fmt.Sprintf("%s and %.1f objects per job", bytesStr(berth), objs),
 		Reference: fmt.Sprintf("NATS server %s; simulator %s; runtime %s", per(PartNATS), per(PartSim), per(PartOther)),
 		Target:    target("≤ 64 B and ≤ 0.1 heap objects per job", berth <= 64 && objs <= 0.1)}

@@ -83,6 +83,12 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 		return res, err
 	}
 	quiet()
+	// What is over is kept whole for DefaultSettleAfter, then as ids: the
+	// folds are compacted as their housekeeping will be by then, as in
+	// the memory phase, so the figure is history, not the settle window.
+	if err := f.Settle(ctx); err != nil {
+		return res, err
+	}
 	after := measure()
 	f.Sim.Close() // it keeps every job and webhook: its share is not Berth's
 	f.Sim = nil
@@ -247,7 +253,7 @@ func (r *scaleRun) rows(filled time.Duration, fillLat, probeLat []time.Duration,
 			Value:     bytesStr(perLive),
 			Reference: fmt.Sprintf("heap before the fill: %s; the simulator keeps %s a job at the end", bytesStr(float64(h.idle.heap)), bytesStr(simBytes)),
 			Target:    "memory proportional to live jobs"},
-		{Figure: "Scale: heap per finished job once all finished and quiet, the simulator closed (Berth and NATS)",
+		{Figure: "Scale: heap per finished job once all finished, settled and quiet, the simulator closed (Berth and NATS)",
 			Value:     bytesStr(perDone),
 			Reference: fmt.Sprintf("heap before the fill: %s", bytesStr(float64(h.idle.heap))),
 			Target:    historyTarget(perDone, o)},

@@ -77,6 +77,7 @@ type options struct {
 	hookSenders                          int
 	jitFile                              bool
 	heapOwners                           bool
+	heapRate                             int
 	out, only, cpuProfile                string
 	heapDir, logLevel, asCmd             string
 	scaleProfile                         string
@@ -94,9 +95,10 @@ func main() {
 	began := time.Now()
 	o, s := parseFlags()
 	if o.heapOwners {
-		// Every allocation from here on is sampled, so the memory phase's
-		// heap profiles part the retained heap exactly (and slowly).
-		runtime.MemProfileRate = 1
+		// Every allocation from here on is sampled (or one each
+		// -heap-owners-rate bytes), so the memory phase's heap profiles
+		// part the retained heap exactly (and slowly), or estimate it.
+		runtime.MemProfileRate = max(1, o.heapRate)
 	}
 	mode := "full"
 	if o.isSmoke {
@@ -167,6 +169,7 @@ func parseFlags() (options, sizes) {
 	flag.StringVar(&o.asCmd, "invoked-as", "", "the command to record in BENCHMARKS.md (the Makefile sets it)")
 	flag.Uint64Var(&o.seed, "seed", 1, "workload seed")
 	flag.BoolVar(&o.heapOwners, "heap-owners", false, "sample every allocation, so the memory phase parts the retained heap by owner (Berth, NATS, simulator); slow: use with -phases memory")
+	flag.IntVar(&o.heapRate, "heap-owners-rate", 1, "with -heap-owners: sample one allocation each this many bytes on average (runtime.MemProfileRate); above 1 the parts are the profile's estimates, and a run of 100,000 jobs takes minutes, not an hour")
 	flag.BoolVar(&o.jitFile, "jit-file", false, "the bench's VMs read their JIT configs from the files the agents write, as exec and vz do (default: in memory, as ec2 does)")
 	flag.IntVar(&o.hookSenders, "hook-senders", 8, "webhook deliveries the simulator has in flight at once, each job's in order (GitHub delivers concurrently; 1: one at a time, in order)")
 	flag.BoolVar(&o.bareLabel, "bare-label", false, "add jobs whose runs-on is just \"self-hosted\" (runners of either pool may take them)")
@@ -229,7 +232,7 @@ func phaseList(ctx context.Context, env bench.Env, o options, s sizes) []phase {
 			return bench.ReleaseLatency(ctx, env, bench.ReleaseOptions{Jobs: s.relJobs, Hosts: s.relHosts, Rate: s.relRate})
 		}},
 		{"memory", fmt.Sprintf("memory %d warm-up + %d jobs", s.memWarmup, s.memJobs), func() (bench.Result, error) {
-			return bench.Memory(ctx, env, bench.MemoryOptions{Warmup: s.memWarmup, Jobs: s.memJobs, HeapProfileDir: o.heapDir})
+			return bench.Memory(ctx, env, bench.MemoryOptions{Warmup: s.memWarmup, Jobs: s.memJobs, HeapProfileDir: o.heapDir, HeapOwners: o.heapOwners})
 		}},
 		{"replay", fmt.Sprintf("replay %d lifecycles", s.replayJobs), func() (bench.Result, error) {
 			return bench.Replay(ctx, env, bench.ReplayOptions{Jobs: s.replayJobs})

@@ -2,8 +2,11 @@ package events
 
 import (
 	"fmt"
-	fastjson "github.com/segmentio/encoding/json"
+	"maps"
+	"slices"
 	"sort"
+
+	fastjson "github.com/segmentio/encoding/json"
 	"strings"
 	"time"
 )
@@ -84,47 +87,103 @@ func fromSnap(s snapStamp) stamp { return stamp{s.At, s.Seq, s.ID} }
 // snapshot is only a shortcut; a property test proves snapshot + tail equals
 // a full replay).
 func MarshalSnapshot(f *Fleet) ([]byte, error) {
+	z, err := FreezeSnapshot(f)
+	if err != nil {
+		return nil, err
+	}
+	return z.Marshal()
+}
+
+// Frozen is a fold's state as of one sequence, copied so that the fold may
+// go on applying facts while it is encoded elsewhere (FreezeSnapshot).
+type Frozen struct {
+	s                frozenSnapshot
+	jobs, placements hourly[uint64, packed]
+	deliveries       hourly[uuidID, uuids]
+}
+
+// frozenSnapshot is snapshot with its hosts already encoded: the outer
+// field wins over the embedded one of the same name (encoding/json's rule,
+// which segmentio's encoder keeps).
+type frozenSnapshot struct {
+	snapshot
+	Hosts fastjson.RawMessage `json:"hosts"`
+}
+
+// FreezeSnapshot copies what MarshalSnapshot encodes, in O(the fold's
+// records), so that a service's loop is held for a copy and not for the
+// encoding (a dispatcher's fold of 10,000 running jobs took over a second
+// to encode, and every job placed meanwhile waited). It copies each job's
+// and attempt's struct and the maps of the fold; the slices a record holds
+// are shared, which is safe because Apply only ever assigns new ones. The
+// hosts, whose maps and pointers nest, are few: they are encoded here.
+func FreezeSnapshot(f *Fleet) (*Frozen, error) {
+	z := &Frozen{jobs: f.history.jobs, placements: f.history.placements, deliveries: f.history.deliveries}
+	z.jobs.gens = slices.Clone(z.jobs.gens) // each generation's set is never changed, only replaced
+	z.placements.gens = slices.Clone(z.placements.gens)
+	z.deliveries.gens = slices.Clone(z.deliveries.gens)
 	s := snapshot{Version: SnapshotVersion, LastSeq: f.LastSeq, Skipped: f.Skipped, Applied: f.Applied,
-		DemandReported: f.DemandReported, ByRunner: f.byRunner, Deliveries: f.Deliveries, GitHub: f.GitHub,
-		SettledJobHours: marshalPackedHours(f.history.jobs), SettledPlacementHours: marshalPackedHours(f.history.placements),
-		SettledDeliveryHours: marshalUUIDHours(f.history.deliveries), SettledAttempts: f.history.attempts, SawJobs: f.sawJobs}
+		DemandReported: maps.Clone(f.DemandReported), ByRunner: maps.Clone(f.byRunner), Deliveries: maps.Clone(f.Deliveries), GitHub: f.GitHub,
+		SettledAttempts: slices.Clone(f.history.attempts), SawJobs: f.sawJobs}
 	for k, at := range f.history.repos {
 		s.Repos = append(s.Repos, snapRepo{k.installation, k.org, k.repo, at})
 	}
+	s.Jobs = make([]*Job, 0, len(f.Jobs))
+	for _, j := range f.Jobs {
+		c := *j
+		s.Jobs = append(s.Jobs, &c)
+	}
+	s.Attempts = make([]snapAttempt, 0, len(f.Attempts))
+	for _, a := range f.Attempts {
+		c := *a
+		c.releases = nil
+		sa := snapAttempt{Attempt: &c}
+		for k := range a.releases {
+			sa.ReleaseKeys = append(sa.ReleaseKeys, k)
+		}
+		s.Attempts = append(s.Attempts, sa)
+	}
+	var hosts []snapHost
+	for _, h := range f.Hosts {
+		hosts = append(hosts, snapHost{Host: h, Online: toSnap(h.online), State: toSnap(h.state), Cordon: toSnap(h.cordon), Grant: toSnap(h.grant)})
+	}
+	sort.Slice(hosts, func(a, b int) bool { return hosts[a].Name < hosts[b].Name })
+	hb, err := fastjson.Marshal(hosts)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range f.Pools {
+		c := *p
+		s.Pools = append(s.Pools, &c)
+	}
+	for _, al := range f.Alarms {
+		c := *al
+		s.Alarms = append(s.Alarms, snapAlarm{Alarm: &c, Last: toSnap(al.last)})
+	}
+	z.s = frozenSnapshot{snapshot: s, Hosts: hb}
+	return z, nil
+}
+
+// Marshal encodes the frozen state; it may run on any goroutine, once.
+func (z *Frozen) Marshal() ([]byte, error) {
+	s := &z.s.snapshot
+	s.SettledJobHours, s.SettledPlacementHours = marshalPackedHours(z.jobs), marshalPackedHours(z.placements)
+	s.SettledDeliveryHours = marshalUUIDHours(z.deliveries)
 	sort.Slice(s.Repos, func(a, b int) bool {
 		ra, rb := s.Repos[a], s.Repos[b]
 		return ra.Installation+"/"+ra.Org+"/"+ra.Repo < rb.Installation+"/"+rb.Org+"/"+rb.Repo
 	})
-	for _, j := range f.Jobs {
-		s.Jobs = append(s.Jobs, j)
-	}
 	sort.Slice(s.Jobs, func(a, b int) bool { return s.Jobs[a].ID < s.Jobs[b].ID })
-	for _, a := range f.Attempts {
-		sa := snapAttempt{Attempt: a}
-		for k := range a.releases {
-			sa.ReleaseKeys = append(sa.ReleaseKeys, k)
-		}
+	for _, sa := range s.Attempts {
 		sort.Strings(sa.ReleaseKeys)
-		s.Attempts = append(s.Attempts, sa)
 	}
 	sort.Slice(s.Attempts, func(a, b int) bool { return s.Attempts[a].ID < s.Attempts[b].ID })
-	for _, h := range f.Hosts {
-		s.Hosts = append(s.Hosts, snapHost{Host: h, Online: toSnap(h.online), State: toSnap(h.state), Cordon: toSnap(h.cordon), Grant: toSnap(h.grant)})
-	}
-	sort.Slice(s.Hosts, func(a, b int) bool { return s.Hosts[a].Name < s.Hosts[b].Name })
-	for _, p := range f.Pools {
-		s.Pools = append(s.Pools, p)
-	}
 	sort.Slice(s.Pools, func(a, b int) bool { return s.Pools[a].Name < s.Pools[b].Name })
-	for _, al := range f.Alarms {
-		s.Alarms = append(s.Alarms, snapAlarm{Alarm: al, Last: toSnap(al.last)})
-	}
 	sort.Slice(s.Alarms, func(a, b int) bool { return s.Alarms[a].Key < s.Alarms[b].Key })
 	// segmentio's encoder, the decoder's pair (UnmarshalSnapshot): a
-	// service's loop stops while it runs, and a fold that holds the last
-	// ten minutes' records of a busy fleet is tens of thousands of jobs
-	// (BenchmarkMarshalSnapshot).
-	return fastjson.Marshal(s)
+	// fold that holds the last ten minutes' records of a busy fleet is
+	// tens of thousands of jobs (BenchmarkMarshalSnapshot).
+	return fastjson.Marshal(z.s)
 }
 
 // UnmarshalSnapshot rebuilds a projection from MarshalSnapshot's bytes. It

@@ -3,6 +3,7 @@ package events_test
 import (
 	"bytes"
 	"testing"
+	"time"
 
 	"github.com/berth-ci/berth/events"
 	"pgregory.net/rapid"
@@ -44,6 +45,56 @@ func TestPropertySnapshotPlusTailEqualsFullReplay(t *testing.T) {
 			t.Fatalf("restored fold breaks invariants: %v", vs)
 		}
 	})
+}
+
+// Given any valid history folded up to any cut (settled at random points),
+// when the fold is frozen for a snapshot and then goes on folding the tail
+// (and settling) before the frozen copy is encoded, then the encoding is
+// byte for byte the snapshot of the fold at the cut: nothing the tail does
+// reaches the copy a service's loop hands off to be encoded.
+func TestPropertyAFrozenSnapshotIsTheFoldAtTheFreeze(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		h := genHistory(t)
+		cut := rapid.IntRange(0, len(h)).Draw(t, "cut")
+		f := events.NewFleet()
+		var now time.Time
+		apply := func(e events.Event) {
+			now = later(now, e.Time)
+			f.Apply(e)
+			if rapid.IntRange(0, 4).Draw(t, "compact") == 0 {
+				f.CompactAfter(now, time.Duration(rapid.IntRange(0, 30).Draw(t, "settle s"))*time.Second, 1000*time.Hour)
+			}
+		}
+		for _, e := range h[:cut] {
+			apply(e)
+		}
+		want, err := events.MarshalSnapshot(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		frozen, err := events.FreezeSnapshot(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range h[cut:] {
+			apply(e)
+		}
+		f.CompactAfter(now.Add(time.Hour), 0, 1000*time.Hour)
+		got, err := frozen.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(want, got) {
+			t.Fatalf("the frozen snapshot at %d of %d changed as the fold went on:\nat the freeze %s\nencoded later %s", cut, len(h), want, got)
+		}
+	})
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // A snapshot of another version is refused, so the caller replays instead.

@@ -30,8 +30,10 @@ type Reactor interface {
 // Snapshotter is implemented by reactors whose fold can be saved and
 // restored, so a restart folds only the tail of the log.
 type Snapshotter interface {
-	// SaveFold encodes the fold and returns the stream sequence it covers.
-	SaveFold() ([]byte, uint64, error)
+	// SaveFold copies the fold, on the loop, and returns a function that
+	// encodes the copy (called once, off the loop) and the stream
+	// sequence it covers.
+	SaveFold() (encode func() ([]byte, error), seq uint64, err error)
 	// RestoreFold replaces the fold with a snapshot and returns its sequence.
 	RestoreFold(b []byte) (uint64, error)
 }
@@ -514,7 +516,7 @@ type snapState struct {
 	s     Snapshotter
 	seq   uint64 // sequence of the snapshot restored
 	saved time.Time
-	cost  time.Duration // how long the last SaveFold held the loop
+	cost  atomic.Int64 // nanoseconds the last snapshot took to copy and encode
 	// stored is the sequence of the last snapshot stored; storing runs off
 	// the loop, one at a time (putting is set while one runs).
 	stored  atomic.Uint64
@@ -588,19 +590,19 @@ func snapshotEvery(base, cost time.Duration) time.Duration {
 }
 
 // save writes a snapshot every SnapshotEvery while caught up and moving,
-// spacing them further when encoding one takes long (snapshotEvery).
-// The fold is marshalled on the loop, where it is consistent; compressing
-// and storing it (gzip is most of the cost for a large fold) run off the loop, so
-// facts keep being folded and decided on meanwhile. A put still running
-// when the next one is due delays it.
+// spacing them further when making one takes long (snapshotEvery).
+// The fold is copied on the loop, where it is consistent (SaveFold);
+// encoding, compressing and storing the copy run off the loop, so facts
+// keep being folded and decided on meanwhile. A put still running when the
+// next one is due delays it.
 func (l *Loop) save(ctx context.Context, st *snapState) {
-	every := snapshotEvery(l.SnapshotEvery, st.cost)
+	every := snapshotEvery(l.SnapshotEvery, time.Duration(st.cost.Load()))
 	if st.kv == nil || !l.caughtUp.Load() || time.Since(st.saved) < every || l.lastSeq.Load() <= st.stored.Load() || st.putting.Load() {
 		return
 	}
 	st.saved = time.Now()
-	b, seq, err := st.s.SaveFold()
-	st.cost = time.Since(st.saved)
+	encode, seq, err := st.s.SaveFold()
+	held := time.Since(st.saved)
 	if err != nil {
 		slog.Warn("snapshot failed", "key", l.SnapshotKey, "err", err)
 		return
@@ -610,6 +612,13 @@ func (l *Loop) save(ctx context.Context, st *snapState) {
 	go func() {
 		defer st.puts.Done()
 		defer st.putting.Store(false)
+		start := time.Now()
+		b, err := encode()
+		st.cost.Store(int64(held + time.Since(start)))
+		if err != nil {
+			slog.Warn("snapshot failed", "key", l.SnapshotKey, "err", err)
+			return
+		}
 		kctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		if err := PutSnapshot(kctx, l.JS, st.kv, l.SnapshotKey, seq, b); err != nil {

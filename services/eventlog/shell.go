@@ -177,9 +177,12 @@ func (s *Shell) refuse(d Delivered, err error) {
 }
 
 // SaveFold implements Snapshotter.
-func (s *Shell) SaveFold() ([]byte, uint64, error) {
-	b, err := events.MarshalSnapshot(s.Fold)
-	return b, s.Fold.LastSeq, err
+func (s *Shell) SaveFold() (func() ([]byte, error), uint64, error) {
+	z, err := events.FreezeSnapshot(s.Fold)
+	if err != nil {
+		return nil, 0, err
+	}
+	return z.Marshal, s.Fold.LastSeq, nil
 }
 
 // RestoreFold implements Snapshotter (called before the loop runs). The

@@ -29,11 +29,14 @@ func (r *foldReactor) Apply(d eventlog.Delivered) {
 	}
 }
 func (r *foldReactor) Decide(context.Context) {}
-func (r *foldReactor) SaveFold() ([]byte, uint64, error) {
+func (r *foldReactor) SaveFold() (func() ([]byte, error), uint64, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	b, err := events.MarshalSnapshot(r.fleet)
-	return b, r.fleet.LastSeq, err
+	z, err := events.FreezeSnapshot(r.fleet)
+	if err != nil {
+		return nil, 0, err
+	}
+	return z.Marshal, r.fleet.LastSeq, err
 }
 func (r *foldReactor) RestoreFold(b []byte) (uint64, error) {
 	f, err := events.UnmarshalSnapshot(b)
@@ -112,4 +115,75 @@ func TestRestartFromSnapshotFoldsOnlyTheTail(t *testing.T) {
 	if want := full.Status(); want.Jobs != got.Jobs || want.AsOfSeq != got.AsOfSeq {
 		t.Errorf("snapshot + tail %+v, full replay %+v", got.Jobs, want.Jobs)
 	}
+}
+
+// blockedEncoder is a foldReactor whose snapshot encoding waits to be let
+// go, as a large fold's takes long.
+type blockedEncoder struct {
+	*foldReactor
+	encoding chan uint64 // the sequence of the copy being encoded
+	release  chan struct{}
+}
+
+func (r *blockedEncoder) SaveFold() (func() ([]byte, error), uint64, error) {
+	encode, seq, err := r.foldReactor.SaveFold()
+	return func() ([]byte, error) {
+		select {
+		case r.encoding <- seq:
+		default: // a later snapshot: not this test's
+		}
+		<-r.release
+		return encode()
+	}, seq, err
+}
+
+// Given a service whose fold takes long to encode, when a snapshot is being
+// encoded, then the loop goes on folding new facts meanwhile (a dispatcher
+// whose loop encoded 10,000 running jobs held every placement for seconds),
+// and the snapshot stored is the fold as it was copied.
+func TestALoopFoldsOnWhileItsSnapshotIsEncoded(t *testing.T) {
+	_, js, app := start(t)
+	ctx := ctxFor(t)
+	appendJobs := func(from, to int64) {
+		for id := from; id <= to; id++ {
+			ev := app.New(time.Now(), events.JobQueued{JobRef: events.JobRef{JobID: id, Labels: []string{"self-hosted"}}})
+			if _, _, err := app.Append(ctx, ev, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	appendJobs(1, 5)
+	r := &blockedEncoder{foldReactor: &foldReactor{fleet: events.NewFleet()}, encoding: make(chan uint64, 1), release: make(chan struct{})}
+	l := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 20 * time.Millisecond,
+		SnapshotKey: "test", SnapshotEvery: 20 * time.Millisecond}
+	run, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- l.Run(run, r) }()
+	var let sync.Once
+	letGo := func() { let.Do(func() { close(r.release) }) }
+	defer func() { letGo(); stop(); <-done }() // a failure must not leave the encoder waiting
+	var frozenAt uint64
+	select {
+	case frozenAt = <-r.encoding:
+	case <-time.After(waitLimit):
+		t.Fatal("no snapshot was started")
+	}
+	appendJobs(6, 10)
+	testkit.Eventually(t, waitLimit, "the loop folds seq 10 while the snapshot is encoded", func() bool { _, _, last, _ := r.state(); return last == 10 })
+	letGo()
+	testkit.EventuallyErr(t, waitLimit, "the snapshot stored", func() error {
+		kv, err := js.KeyValue(ctx, events.BucketSnapshots)
+		if err != nil {
+			return err
+		}
+		b, err := eventlog.GetSnapshot(ctx, kv, "test")
+		if err != nil {
+			return err
+		}
+		f, err := events.UnmarshalSnapshot(b)
+		if err == nil && f.LastSeq < frozenAt {
+			err = fmt.Errorf("snapshot at seq %d, the copy was at %d", f.LastSeq, frozenAt)
+		}
+		return err
+	})
 }

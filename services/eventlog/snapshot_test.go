@@ -61,14 +61,7 @@ func (r *foldReactor) state() (applied int, restored, last uint64, status events
 func TestRestartFromSnapshotFoldsOnlyTheTail(t *testing.T) {
 	_, js, app := start(t)
 	ctx := ctxFor(t)
-	appendJobs := func(from, to int64) {
-		for id := from; id <= to; id++ {
-			ev := app.New(time.Now(), events.JobQueued{JobRef: events.JobRef{JobID: id, Labels: []string{"self-hosted"}}})
-			if _, _, err := app.Append(ctx, ev, nil); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	appendJobs := func(from, to int64) { appendJobRange(t, ctx, app, from, to) }
 	appendJobs(1, 50)
 	first := &foldReactor{fleet: events.NewFleet()}
 	l1 := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 20 * time.Millisecond,
@@ -144,14 +137,7 @@ func (r *blockedEncoder) SaveFold() (func() ([]byte, error), uint64, error) {
 func TestALoopFoldsOnWhileItsSnapshotIsEncoded(t *testing.T) {
 	_, js, app := start(t)
 	ctx := ctxFor(t)
-	appendJobs := func(from, to int64) {
-		for id := from; id <= to; id++ {
-			ev := app.New(time.Now(), events.JobQueued{JobRef: events.JobRef{JobID: id, Labels: []string{"self-hosted"}}})
-			if _, _, err := app.Append(ctx, ev, nil); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	appendJobs := func(from, to int64) { appendJobRange(t, ctx, app, from, to) }
 	appendJobs(1, 5)
 	r := &blockedEncoder{foldReactor: &foldReactor{fleet: events.NewFleet()}, encoding: make(chan uint64, 1), release: make(chan struct{})}
 	l := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 20 * time.Millisecond,
@@ -186,4 +172,15 @@ func TestALoopFoldsOnWhileItsSnapshotIsEncoded(t *testing.T) {
 		}
 		return err
 	})
+}
+
+// appendJobRange appends job.queued facts for jobs from to to.
+func appendJobRange(t *testing.T, ctx context.Context, app *eventlog.Appender, from, to int64) {
+	t.Helper()
+	for id := from; id <= to; id++ {
+		ev := app.New(time.Now(), events.JobQueued{JobRef: events.JobRef{JobID: id, Labels: []string{"self-hosted"}}})
+		if _, _, err := app.Append(ctx, ev, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -254,7 +254,7 @@ func (s *Sim) completeLocked(r *runner, j *job, conclusion string) {
 	s.emitJobLocked("completed", j)
 	s.setEventLocked(j, "JobCompleted", r)
 	r.deleted = true
-	delete(s.runners, r.id)
+	s.unregisterLocked(r)
 	s.notifyLocked()
 	s.log.Info("job completed", "job_id", j.id, "runner", r.name, "conclusion", conclusion)
 }

@@ -75,19 +75,17 @@ func (s *Sim) handleJITConfig(w http.ResponseWriter, r *http.Request) {
 	base := s.baseURLFor(r)
 
 	s.mu.Lock()
-	for _, o := range s.runners {
-		if strings.EqualFold(o.name, req.Name) {
-			s.mu.Unlock()
-			writeError(w, http.StatusConflict, "Already exists - A runner with the name "+req.Name+" already exists.", docsSelfHostedRunnerURL)
-			return
-		}
+	if s.nameTakenLocked(req.Name) {
+		s.mu.Unlock()
+		writeError(w, http.StatusConflict, "Already exists - A runner with the name "+req.Name+" already exists.", docsSelfHostedRunnerURL)
+		return
 	}
 	s.nextRunner++
 	rn := &runner{
 		id: s.nextRunner, name: req.Name, labels: slices.Clone(req.Labels), groupID: req.RunnerGroupID,
 		workFolder: req.WorkFolder, scope: scopeOf(r), token: randHex(20),
 	}
-	s.runners[rn.id] = rn
+	s.registerLocked(rn)
 	s.tokens[rn.token] = rn
 	body := copyObj(s.fx.jitConfig)
 	s.fillRunnerLocked(obj(body, "runner"), rn)
@@ -222,9 +220,30 @@ func (s *Sim) handleDeleteRunner(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rn.deleted = true
-	delete(s.runners, rn.id)
+	s.unregisterLocked(rn)
 	s.notifyLocked()
 	s.mu.Unlock()
 	s.log.Info("runner deleted", "runner", rn.name, "runner_id", rn.id)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// registerLocked adds a runner; its name must not be taken.
+func (s *Sim) registerLocked(rn *runner) {
+	s.runners[rn.id] = rn
+	s.runnerNames[strings.ToLower(rn.name)] = rn.id
+}
+
+// unregisterLocked removes a runner, and frees its name.
+func (s *Sim) unregisterLocked(rn *runner) {
+	delete(s.runners, rn.id)
+	if s.runnerNames[strings.ToLower(rn.name)] == rn.id {
+		delete(s.runnerNames, strings.ToLower(rn.name))
+	}
+}
+
+// nameTakenLocked reports whether a registered runner has name, in any
+// case: GitHub refuses a second runner of one name (409).
+func (s *Sim) nameTakenLocked(name string) bool {
+	_, ok := s.runnerNames[strings.ToLower(name)]
+	return ok
 }

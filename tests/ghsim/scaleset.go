@@ -375,17 +375,15 @@ func (s *Sim) handleScaleSetJIT(w http.ResponseWriter, r *http.Request) {
 		s.mu.Unlock()
 		return
 	}
-	for _, o := range s.runners {
-		if strings.EqualFold(o.name, b.Name) {
-			s.mu.Unlock()
-			actionsError(w, http.StatusConflict, "AgentExistsException", "a runner named "+b.Name+" exists")
-			return
-		}
+	if s.nameTakenLocked(b.Name) {
+		s.mu.Unlock()
+		actionsError(w, http.StatusConflict, "AgentExistsException", "a runner named "+b.Name+" exists")
+		return
 	}
 	s.nextRunner++
 	rn := &runner{id: s.nextRunner, name: b.Name, labels: slices.Clone(set.labels), groupID: int64(set.groupID),
 		workFolder: cmpOr(b.WorkFolder, "_work"), scope: "org", token: randHex(20), set: set.id}
-	s.runners[rn.id] = rn
+	s.registerLocked(rn)
 	s.tokens[rn.token] = rn
 	cfg, _ := json.Marshal(JITConfig{SimURL: base, RunnerID: rn.id, RunnerName: rn.name, Labels: rn.labels,
 		WorkFolder: rn.workFolder, Token: rn.token})
@@ -452,7 +450,7 @@ func (s *Sim) handleDeleteAgent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rn.deleted = true
-	delete(s.runners, rn.id)
+	s.unregisterLocked(rn)
 	s.notifyLocked()
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -97,29 +97,33 @@ type Sim struct {
 	wake       []chan struct{} // per sender, cap 1: new webhook queued
 	stop       chan struct{}   // closed by Close
 
-	mu         sync.Mutex
-	baseURL    string
-	srv        *http.Server
-	closed     bool
-	jobs       []*job // in enqueue (FIFO) order
-	jobByID    map[int64]*job
-	runners    map[int64]*runner // registered runners only
-	tokens     map[string]*runner
-	labelIDs   map[string]int64
-	nextJobID  int64
-	nextRunID  int64
-	nextRunner int64
-	changed    chan struct{} // closed and replaced on every job/runner change
-	deliveries []*delivery
-	outbox     [][]*delivery // per sender, in production order
-	apiCalls   map[string]int
-	rlUsed     int
-	rlReset    time.Time
-	nextHookNo int64                   // id of the next delivery attempt (hook deliveries API)
-	lose       func(DeliveryView) bool // deliveries to fail (LoseDeliveries)
-	timeOut    func(DeliveryView) bool // deliveries sent but recorded as timed out (TimeOutDeliveries)
-	loseJIT    func(name string) bool  // JIT answers to lose after registering (LoseJITAnswers)
-	limits     map[string]*rateLimit   // route → rate-limit answers due (RateLimit)
+	mu      sync.Mutex
+	baseURL string
+	srv     *http.Server
+	closed  bool
+	jobs    []*job // in enqueue (FIFO) order
+	jobByID map[int64]*job
+	runners map[int64]*runner // registered runners only
+	// runnerNames: each registered runner's id by its name in lower case,
+	// so a registration checks GitHub's unique-name rule without a walk
+	// over every runner (10,000 runners made each mint a scan).
+	runnerNames map[string]int64
+	tokens      map[string]*runner
+	labelIDs    map[string]int64
+	nextJobID   int64
+	nextRunID   int64
+	nextRunner  int64
+	changed     chan struct{} // closed and replaced on every job/runner change
+	deliveries  []*delivery
+	outbox      [][]*delivery // per sender, in production order
+	apiCalls    map[string]int
+	rlUsed      int
+	rlReset     time.Time
+	nextHookNo  int64                   // id of the next delivery attempt (hook deliveries API)
+	lose        func(DeliveryView) bool // deliveries to fail (LoseDeliveries)
+	timeOut     func(DeliveryView) bool // deliveries sent but recorded as timed out (TimeOutDeliveries)
+	loseJIT     func(name string) bool  // JIT answers to lose after registering (LoseJITAnswers)
+	limits      map[string]*rateLimit   // route → rate-limit answers due (RateLimit)
 
 	// route → refuse until then (Unauthorized, NotFound)
 	unauthorized map[string]refusal
@@ -165,6 +169,7 @@ func New(cfg Config) (*Sim, error) {
 		stop:        make(chan struct{}),
 		jobByID:     map[int64]*job{},
 		runners:     map[int64]*runner{},
+		runnerNames: map[string]int64{},
 		tokens:      map[string]*runner{},
 		labelIDs:    map[string]int64{},
 		nextJobID:   20000000000 + randInt63()%1000000*1000,

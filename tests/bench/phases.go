@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"os"
 	"runtime/pprof"
+	"runtime/trace"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -307,6 +309,24 @@ func cpuProfile(path string) (stop func(), err error) {
 		return nil, err
 	}
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+// execTrace starts the runtime's execution tracer into path ("" starts
+// nothing) and returns its stop: a trace shows what a goroutine waited on,
+// which a CPU profile cannot (`go tool trace`).
+func execTrace(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := trace.Start(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return sync.OnceFunc(func() { trace.Stop(); f.Close() }), nil
 }
 
 // throughputBacklog caps the unfinished jobs of a throughput run longer

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/berth-ci/berth/events"
@@ -24,6 +26,8 @@ type ScaleOptions struct {
 	Probes int
 	// CPUProfile, when not "", receives a CPU profile of the probe window.
 	CPUProfile string
+	// Trace, when not "", receives an execution trace of the probe window.
+	Trace string
 }
 
 // Scale is issue 9's sixth figure. It fills many hosts with Jobs
@@ -100,6 +104,7 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 			(filled + probesDone.Sub(probeStart)).Round(time.Second))
 	}
 	res.Rows = append(res.Rows, r.rows(filled, fillLat, probeLat, scaleHeaps{idle: idle, loaded: loaded, after: after, noSim: noSim})...)
+	res.Notes = append(res.Notes, slowestProbes(tl, isFill, probeStart, 5))
 	n := float64(o.Jobs + o.Probes)
 	res.Notes = append(res.Notes, fmt.Sprintf("%d linux and %d macos jobs and probes by label match; %.2f facts per job; runner failures %d",
 		perPool["linux"], perPool["macos"], float64(last-base)/n, f.RunnerFailures()))
@@ -174,6 +179,11 @@ func (r *scaleRun) probe(ctx context.Context, probes []ghsim.JobSpec) (start, do
 		return start, done, err
 	}
 	defer stopProfile() // on a failed wait; stopping twice is harmless
+	stopTrace, err := execTrace(r.o.Trace)
+	if err != nil {
+		return start, done, err
+	}
+	defer stopTrace()
 	start = time.Now()
 	for i, s := range probes {
 		if d := time.Until(start.Add(time.Duration(float64(i) / float64(r.rate) * float64(time.Second)))); d > 0 {
@@ -187,6 +197,7 @@ func (r *scaleRun) probe(ctx context.Context, probes []ghsim.JobSpec) (start, do
 	}
 	done = time.Now()
 	stopProfile()
+	stopTrace()
 	return start, done, nil
 }
 
@@ -228,6 +239,26 @@ func scaleLatencies(tl Timeline, isFill map[int64]bool) (fillLat, probeLat []tim
 		}
 	}
 	return fillLat, probeLat, firstEnd
+}
+
+// slowestProbes names the n slowest probes, each with when it was accepted
+// (after the first probe was offered) and its two halves, so a tail can be
+// told apart: a stall in time (clustered offsets) from one in a part (a
+// half that dominates).
+func slowestProbes(tl Timeline, isFill map[int64]bool, start time.Time, n int) string {
+	var slow []*JobTimes
+	for id, j := range tl.Jobs {
+		if !isFill[id] && !j.Queued.IsZero() && !j.Placed.IsZero() {
+			slow = append(slow, j)
+		}
+	}
+	slices.SortFunc(slow, func(a, b *JobTimes) int { return cmp.Compare(b.Placed.Sub(b.Queued), a.Placed.Sub(a.Queued)) })
+	parts := make([]string, 0, n)
+	for _, j := range slow[:min(n, len(slow))] {
+		parts = append(parts, fmt.Sprintf("%s at +%.1f s (accepted → reserved %s, reserved → placed %s)",
+			ms(j.Placed.Sub(j.Queued)), j.Queued.Sub(start).Seconds(), ms(j.Reserved.Sub(j.Queued)), ms(j.Placed.Sub(j.Reserved))))
+	}
+	return "the slowest probes, with when each was accepted after the first was offered: " + strings.Join(parts, "; ")
 }
 
 // scaleHeaps are the heap readings of one run: before the fill, with every

@@ -28,6 +28,9 @@ type ScaleOptions struct {
 	CPUProfile string
 	// Trace, when not "", receives an execution trace of the probe window.
 	Trace string
+	// HeapProfileDir, when not "", receives heap profiles of the idle
+	// fleet and of the full one, each after the forced GCs of its reading.
+	HeapProfileDir string
 }
 
 // Scale is issue 9's sixth figure. It fills many hosts with Jobs
@@ -55,6 +58,9 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 	}
 	defer f.Close()
 	idle := measure()
+	if err := heapProfile(o.HeapProfileDir, "scale-idle.pb.gz"); err != nil {
+		return res, err
+	}
 	base, err := LastSeq(ctx, f.JS)
 	if err != nil {
 		return res, err
@@ -73,6 +79,9 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 		return res, err
 	}
 	loaded := measure()
+	if err := heapProfile(o.HeapProfileDir, "scale-loaded.pb.gz"); err != nil {
+		return res, err
+	}
 	e.say("scale: %d jobs running after %s; offering %d probe jobs at %d jobs/s", o.Jobs, filled.Round(time.Millisecond), o.Probes, rate)
 	probeStart, probesDone, err := r.probe(ctx, probes)
 	if err != nil {
@@ -80,6 +89,9 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 	}
 	if o.CPUProfile != "" {
 		res.Notes = append(res.Notes, "CPU profile of the probe window: `go tool pprof -top "+o.CPUProfile+"`")
+	}
+	if d := o.HeapProfileDir; d != "" {
+		res.Notes = append(res.Notes, "heap of the running jobs: `go tool pprof -top -diff_base "+d+"/scale-idle.pb.gz "+d+"/scale-loaded.pb.gz`")
 	}
 	e.say("scale: probes served; waiting for the %d jobs to finish", o.Jobs)
 	last, tl, err := r.drain(ctx, base)

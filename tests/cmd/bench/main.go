@@ -166,7 +166,7 @@ func parseFlags() (options, sizes) {
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the throughput phase here and put its top 15 in the section")
 	flag.StringVar(&o.scaleProfile, "scale-cpuprofile", "", "write a CPU profile of the scale phase's probe window here")
 	flag.StringVar(&o.scaleTrace, "scale-trace", "", "write an execution trace of the scale phase's probe window here (go tool trace)")
-	flag.StringVar(&o.heapDir, "heapprofiles", "", "write heap profiles before and after the memory phase's jobs into this directory")
+	flag.StringVar(&o.heapDir, "heapprofiles", "", "write heap profiles into this directory: before and after the memory phase's jobs, and the scale phase's idle and full fleet")
 	flag.StringVar(&o.logLevel, "log-level", "error", "services' log level (to stderr): debug, info, warn, error")
 	flag.StringVar(&o.asCmd, "invoked-as", "", "the command to record in BENCHMARKS.md (the Makefile sets it)")
 	flag.Uint64Var(&o.seed, "seed", 1, "workload seed")
@@ -244,7 +244,7 @@ func phaseList(ctx context.Context, env bench.Env, o options, s sizes) []phase {
 		}},
 		{"scale", fmt.Sprintf("scale %d jobs of %s on %d hosts of %d linux + %d macos slots", s.scaleJobs, s.scaleDuration, s.scaleHosts, s.scaleLinux, s.scaleMac), func() (bench.Result, error) {
 			return bench.Scale(ctx, env, bench.ScaleOptions{Hosts: s.scaleHosts, Jobs: s.scaleJobs, Duration: s.scaleDuration,
-				LinuxSlots: s.scaleLinux, MacSlots: s.scaleMac, Probes: s.scaleProbes, CPUProfile: o.scaleProfile, Trace: o.scaleTrace})
+				LinuxSlots: s.scaleLinux, MacSlots: s.scaleMac, Probes: s.scaleProbes, CPUProfile: o.scaleProfile, Trace: o.scaleTrace, HeapProfileDir: o.heapDir})
 		}},
 	}
 }

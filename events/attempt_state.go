@@ -173,6 +173,20 @@ func (f *Fleet) attempt(id, pool, host string) *Attempt {
 	return a
 }
 
+// DropSealedJIT makes the fold keep no sealed JIT config, and forget those
+// it holds: only the agent that creates an attempt's VM opens one
+// (vmagent), and a live attempt's config is about 600 bytes in every fold
+// that keeps it, the dispatcher's and the watchdog's included.
+func (f *Fleet) DropSealedJIT() {
+	f.noSealed = true
+	for _, a := range f.Attempts {
+		a.SealedJIT, a.SealedBy, a.SealedTo = nil, "", ""
+	}
+}
+
+// KeepsSealedJIT reports whether the fold keeps sealed JIT configs.
+func (f *Fleet) KeepsSealedJIT() bool { return !f.noSealed }
+
 // touch applies mutate to an attempt and moves its counters from its old
 // contribution to its new one, so every counter is exact under any order.
 func (f *Fleet) touch(a *Attempt, at time.Time, mutate func()) {
@@ -182,10 +196,11 @@ func (f *Fleet) touch(a *Attempt, at time.Time, mutate func()) {
 	if at.After(a.LastAt) {
 		a.LastAt = at
 	}
-	if a.Terminal() {
+	if a.Terminal() || f.noSealed {
 		// Its VM is gone and no create will read the sealed JIT config
 		// again; every fold keeps the attempt for the retention (72 h),
-		// and the config is most of its bytes (law 5).
+		// and the config is most of its bytes (law 5). A fold that never
+		// creates a VM drops it at once (DropSealedJIT).
 		a.SealedJIT, a.SealedBy, a.SealedTo = nil, "", ""
 	}
 	f.count(before, pool, host, job, -1)

@@ -173,6 +173,7 @@ type Fleet struct {
 	labels   poolLabels       // each pool's runner labels, kept from the hosts' announcements
 	history  history          // the ids of jobs and attempts that are over (history.go)
 	sawJobs  bool             // a job fact was folded: this fold binds runners to jobs
+	noSealed bool             // this fold keeps no sealed JIT configs (DropSealedJIT)
 }
 
 // NewFleet returns an empty projection.

@@ -135,3 +135,31 @@ func TestAFoldThatDropsDeliveryIDsHoldsNone(t *testing.T) {
 		t.Fatalf("demand %d against %d; job known %v", drop.DemandCount("linux"), keep.DemandCount("linux"), drop.KnownJob(1))
 	}
 }
+
+// Given a fold that keeps sealed JIT configs (an agent's) and one that
+// drops them (the dispatcher's, the watchdog's), when both fold a placement
+// and one of them is told to drop them only afterwards, then the agent's
+// still holds the config its create opens, and neither other fold holds one
+// while both know the attempt as placed with its runner.
+func TestAFoldThatDropsSealedJITHoldsNone(t *testing.T) {
+	keep, drop, late := events.NewFleet(), events.NewFleet(), events.NewFleet()
+	drop.DropSealedJIT()
+	r := ref("a-7-1", "linux", "host-a")
+	for _, f := range []*events.Fleet{keep, drop, late} {
+		f.Apply(ev(1, 0, &events.AttemptPlaced{AttemptRef: r, JobID: 7, RunnerID: 70,
+			SealedJIT: []byte("SEALED"), SealedBy: "XD", SealedTo: "Xhost-a"}))
+	}
+	late.DropSealedJIT()
+	if a := keep.Attempts[r.Attempt]; a == nil || string(a.SealedJIT) != "SEALED" || a.SealedBy != "XD" {
+		t.Fatalf("the keeping fold lost the sealed config: %+v", a)
+	}
+	for name, f := range map[string]*events.Fleet{"dropping": drop, "dropping afterwards": late} {
+		a := f.Attempts[r.Attempt]
+		if a == nil || !a.Placed || a.RunnerID != 70 {
+			t.Fatalf("%s fold: attempt not placed with runner 70: %+v", name, a)
+		}
+		if a.SealedJIT != nil || a.SealedBy != "" || a.SealedTo != "" || f.KeepsSealedJIT() {
+			t.Fatalf("%s fold holds a sealed config: %q by %q to %q (keeps %v)", name, a.SealedJIT, a.SealedBy, a.SealedTo, f.KeepsSealedJIT())
+		}
+	}
+}

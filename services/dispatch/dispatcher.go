@@ -162,6 +162,9 @@ func New(loop *eventlog.Loop, app *eventlog.Appender, m Minter, opts Options, me
 			opts.Installations...), opts: opts, curve: kp, curvePub: pub, metrics: metrics, refused: map[string]string{}, warnedUntil: map[string]time.Time{},
 		minting:     make(chan struct{}, opts.MintConcurrency),
 		redelivered: map[string]time.Time{}, started: opts.Now()}
+	// Only the agent that creates a VM opens its sealed JIT config: this
+	// fold need not keep one for each running job (about 600 bytes).
+	d.Fold.DropSealedJIT()
 	d.Crash = map[string][2]string{
 		events.TypeSlotReleased: {crashpoint.DispatcherBeforeRelease, crashpoint.DispatcherAfterRelease},
 		events.TypeSlotReserved: {"", crashpoint.DispatcherAfterReserve},

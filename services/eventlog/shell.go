@@ -186,7 +186,8 @@ func (s *Shell) SaveFold() (func() ([]byte, error), uint64, error) {
 }
 
 // RestoreFold implements Snapshotter (called before the loop runs). The
-// restored fold keeps delivery ids only if the one it replaces did.
+// restored fold keeps delivery ids and sealed JIT configs only if the one
+// it replaces did.
 func (s *Shell) RestoreFold(b []byte) (uint64, error) {
 	f, err := events.UnmarshalSnapshot(b)
 	if err != nil {
@@ -194,6 +195,9 @@ func (s *Shell) RestoreFold(b []byte) (uint64, error) {
 	}
 	if !s.Fold.KeepsDeliveryIDs() {
 		f.DropDeliveryIDs()
+	}
+	if !s.Fold.KeepsSealedJIT() {
+		f.DropSealedJIT()
 	}
 	s.Fold = f
 	return f.LastSeq, nil

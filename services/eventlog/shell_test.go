@@ -166,6 +166,29 @@ func TestMalformedBytesAreRefusedUnknownTypesSkipped(t *testing.T) {
 	}
 }
 
+// Given a shell whose fold drops sealed JIT configs (the dispatcher's),
+// when it restores a snapshot of a fold that kept one for a live attempt,
+// then the restored fold holds none and goes on dropping them.
+func TestARestoredFoldDropsSealedJITAsTheOneItReplaces(t *testing.T) {
+	kept := events.NewFleet()
+	ref := events.AttemptRef{Attempt: "a-1-1", Pool: "linux", Host: "host-a"}
+	kept.Apply(events.Event{Seq: 1, Time: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC),
+		Data: &events.AttemptPlaced{AttemptRef: ref, JobID: 1, RunnerID: 10, SealedJIT: []byte("SEALED"), SealedBy: "XD"}})
+	b, err := events.MarshalSnapshot(kept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := eventlog.NewShell(nil, nil, nil, nil)
+	s.Fold.DropSealedJIT()
+	if _, err := s.RestoreFold(b); err != nil {
+		t.Fatal(err)
+	}
+	a := s.Fold.Attempts[ref.Attempt]
+	if s.Fold.KeepsSealedJIT() || a == nil || !a.Placed || a.SealedJIT != nil {
+		t.Fatalf("restored fold: keeps sealed configs %v, attempt %+v", s.Fold.KeepsSealedJIT(), a)
+	}
+}
+
 // Given a shell whose fold drops delivery ids (the watchdog's), when it
 // restores a snapshot of a fold that kept them, then the restored fold
 // holds none and goes on dropping them.

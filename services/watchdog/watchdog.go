@@ -99,6 +99,8 @@ func New(js jetstream.JetStream, app *eventlog.Appender, p Params, clk clock.Clo
 	// Only the dispatcher asks GitHub to redeliver a webhook: this fold
 	// need not keep the delivery ids (16 bytes a webhook for three days).
 	w.Fold.DropDeliveryIDs()
+	// Nor the sealed JIT configs: only the agent creating a VM opens one.
+	w.Fold.DropSealedJIT()
 	w.Refused = func(e events.Event, err error) {
 		w.refusal = Refusal{Count: w.refusal.Count + 1, Seq: e.Seq, Subject: e.Subject, Reason: err.Error()}
 	}

@@ -31,10 +31,40 @@ func Cluster(t testing.TB, n int) ([]*server.Server, string) {
 	if n != ClusterSize {
 		t.Fatalf("testkit.Cluster(%d): deploy/nats/cluster ships %d nodes", n, ClusterSize)
 	}
+	return cluster(t, n, FreePort, 10*time.Second)
+}
+
+// cluster starts n nodes on ports from port, each given ready to accept
+// connections.
+func cluster(t testing.TB, n int, port func(testing.TB) int, ready time.Duration) ([]*server.Server, string) {
+	t.Helper()
+	// A port FreePort found free can be taken before its node binds it (by
+	// another test process, or as the local port of an outgoing
+	// connection): the node then never gets ready. Fresh ports fix that.
+	const attempts = 3
+	for attempt := 1; ; attempt++ {
+		servers, urls, err := startNodes(t, n, port, ready)
+		if err == nil {
+			for i, u := range urls {
+				EventuallyErr(t, 30*time.Second, fmt.Sprintf("JetStream through node %d", i+1), func() error { return JetStreamReady(u) })
+			}
+			return servers, strings.Join(urls, ",")
+		}
+		if attempt == attempts {
+			t.Fatalf("%v, %d times with fresh ports: is the machine overloaded?", err, attempts)
+		}
+		t.Logf("%v; starting the cluster again on fresh ports", err)
+	}
+}
+
+// startNodes starts the n nodes on fresh ports; if one is not ready for
+// connections within ready it shuts down those it started and says which.
+func startNodes(t testing.TB, n int, port func(testing.TB) int, ready time.Duration) ([]*server.Server, []string, error) {
+	t.Helper()
 	routePorts := make([]int, n)
 	var routes []*url.URL
 	for i := range routePorts {
-		routePorts[i] = FreePort(t)
+		routePorts[i] = port(t)
 		routes = append(routes, &url.URL{Scheme: "nats", Host: fmt.Sprintf("127.0.0.1:%d", routePorts[i])})
 	}
 	var servers []*server.Server
@@ -48,7 +78,7 @@ func Cluster(t testing.TB, n int) ([]*server.Server, string) {
 		if opts.Cluster.Name != "berth" || !opts.JetStream || len(opts.Routes) != n {
 			t.Fatalf("%s: cluster %q, jetstream %v, %d routes", file, opts.Cluster.Name, opts.JetStream, len(opts.Routes))
 		}
-		opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", FreePort(t), 0
+		opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", port(t), 0
 		opts.Cluster.Host, opts.Cluster.Port, opts.Routes = "127.0.0.1", routePorts[i], routes
 		opts.StoreDir, opts.NoLog, opts.NoSigs = t.TempDir(), true, true
 		s, err := server.NewServer(opts)
@@ -57,16 +87,16 @@ func Cluster(t testing.TB, n int) ([]*server.Server, string) {
 		}
 		go s.Start()
 		t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-		if !s.ReadyForConnections(10 * time.Second) {
-			t.Fatalf("node %d not ready", i+1)
-		}
 		servers = append(servers, s)
+		if !s.ReadyForConnections(ready) {
+			for _, s := range servers {
+				s.Shutdown()
+			}
+			return nil, nil, fmt.Errorf("node %d not ready for connections within %s (client port %d, route port %d)", i+1, ready, opts.Port, routePorts[i])
+		}
 		urls = append(urls, s.ClientURL())
 	}
-	for i, u := range urls {
-		EventuallyErr(t, 30*time.Second, fmt.Sprintf("JetStream through node %d", i+1), func() error { return JetStreamReady(u) })
-	}
-	return servers, strings.Join(urls, ",")
+	return servers, urls, nil
 }
 
 // JetStreamReady asks for the account's JetStream info through url (with

@@ -175,8 +175,9 @@ func (f *Fleet) attempt(id, pool, host string) *Attempt {
 
 // DropSealedJIT makes the fold keep no sealed JIT config, and forget those
 // it holds: only the agent that creates an attempt's VM opens one
-// (vmagent), and a live attempt's config is about 600 bytes in every fold
-// that keeps it, the dispatcher's and the watchdog's included.
+// (vmagent), and a live attempt's config costs its size in every fold that
+// keeps it (about 600 bytes in the bench, whose simulator mints small
+// configs; GitHub's hold the runner's credential files and are larger).
 func (f *Fleet) DropSealedJIT() {
 	f.noSealed = true
 	for _, a := range f.Attempts {

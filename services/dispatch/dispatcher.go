@@ -163,7 +163,7 @@ func New(loop *eventlog.Loop, app *eventlog.Appender, m Minter, opts Options, me
 		minting:     make(chan struct{}, opts.MintConcurrency),
 		redelivered: map[string]time.Time{}, started: opts.Now()}
 	// Only the agent that creates a VM opens its sealed JIT config: this
-	// fold need not keep one for each running job (about 600 bytes).
+	// fold need not keep one for each running job (events.DropSealedJIT).
 	d.Fold.DropSealedJIT()
 	d.Crash = map[string][2]string{
 		events.TypeSlotReleased: {crashpoint.DispatcherBeforeRelease, crashpoint.DispatcherAfterRelease},

@@ -15,7 +15,7 @@ import (
 // Given a dispatcher, when it folds a placement carrying a sealed JIT
 // config, then its fold has the attempt placed, with its runner, and no
 // sealed config: only the agent that creates the VM opens it, and each
-// running job's config cost about 600 bytes in this fold (issue 19).
+// running job's config cost its size in this fold (issue 19).
 func TestTheDispatchersFoldKeepsNoSealedJITConfig(t *testing.T) {
 	in := newIntake(t)
 	d, err := dispatch.New(&eventlog.Loop{JS: in.js}, &eventlog.Appender{JS: in.js, Source: "test"}, &countingMinter{},

@@ -187,6 +187,12 @@ func TestARestoredFoldDropsSealedJITAsTheOneItReplaces(t *testing.T) {
 	if s.Fold.KeepsSealedJIT() || a == nil || !a.Placed || a.SealedJIT != nil {
 		t.Fatalf("restored fold: keeps sealed configs %v, attempt %+v", s.Fold.KeepsSealedJIT(), a)
 	}
+	next := events.AttemptRef{Attempt: "a-2-1", Pool: "linux", Host: "host-a"}
+	s.Fold.Apply(events.Event{Seq: 2, Time: time.Date(2026, 12, 1, 9, 1, 0, 0, time.UTC),
+		Data: &events.AttemptPlaced{AttemptRef: next, JobID: 2, RunnerID: 20, SealedJIT: []byte("SEALED"), SealedBy: "XD"}})
+	if b := s.Fold.Attempts[next.Attempt]; b == nil || !b.Placed || b.SealedJIT != nil {
+		t.Fatalf("a placement folded after the restore: %+v, want placed without its sealed config", b)
+	}
 }
 
 // Given a shell whose fold drops delivery ids (the watchdog's), when it

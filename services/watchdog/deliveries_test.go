@@ -20,7 +20,7 @@ func TestTheWatchdogsFoldKeepsNoDeliveryIDs(t *testing.T) {
 
 // Given a watchdog, when its fold folds a placement carrying a sealed JIT
 // config, then the attempt is placed and the config is not kept: only the
-// agent creating the VM opens it (about 600 bytes a running job).
+// agent creating the VM opens it (its size again for each running job).
 func TestTheWatchdogsFoldKeepsNoSealedJITConfig(t *testing.T) {
 	w := watchdog.New(nil, nil, watchdog.Params{}, nil, nil)
 	ref := events.AttemptRef{Attempt: "a-7-1", Pool: "linux", Host: "host-a"}
@@ -29,7 +29,7 @@ func TestTheWatchdogsFoldKeepsNoSealedJITConfig(t *testing.T) {
 	e.Seq = 1
 	w.Fold.Apply(e)
 	a := w.Fold.Attempts[ref.Attempt]
-	if a == nil || !a.Placed || a.SealedJIT != nil || a.SealedBy != "" {
+	if a == nil || !a.Placed || a.SealedJIT != nil || a.SealedBy != "" || a.SealedTo != "" {
 		t.Fatalf("attempt in the watchdog's fold: %+v, want placed without its sealed config", a)
 	}
 }

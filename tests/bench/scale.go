@@ -267,8 +267,12 @@ func slowestProbes(tl Timeline, isFill map[int64]bool, start time.Time, n int) s
 	slices.SortFunc(slow, func(a, b *JobTimes) int { return cmp.Compare(b.Placed.Sub(b.Queued), a.Placed.Sub(a.Queued)) })
 	parts := make([]string, 0, n)
 	for _, j := range slow[:min(n, len(slow))] {
-		parts = append(parts, fmt.Sprintf("%s at +%.1f s (accepted → reserved %s, reserved → placed %s)",
-			ms(j.Placed.Sub(j.Queued)), j.Queued.Sub(start).Seconds(), ms(j.Reserved.Sub(j.Queued)), ms(j.Placed.Sub(j.Reserved))))
+		part := fmt.Sprintf("%s at +%.1f s", ms(j.Placed.Sub(j.Queued)), j.Queued.Sub(start).Seconds())
+		// A warm VM's placement comes before any reservation: no halves.
+		if !j.Reserved.IsZero() && !j.Placed.Before(j.Reserved) {
+			part += fmt.Sprintf(" (accepted → reserved %s, reserved → placed %s)", ms(j.Reserved.Sub(j.Queued)), ms(j.Placed.Sub(j.Reserved)))
+		}
+		parts = append(parts, part)
 	}
 	return "the slowest probes, with when each was accepted after the first was offered: " + strings.Join(parts, "; ")
 }

@@ -76,7 +76,7 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	runner, err := BuildSimRunner(ctx, root, filepath.Join(o.DataDir, "bin"))
+	runner, err := BuildSimRunner(ctx, root, SimRunnerDir(o.DataDir))
 	if err != nil {
 		return nil, err
 	}
@@ -164,6 +164,10 @@ func Config(o Options, root, runner, simURL, dispAddr, secret string) *config.Co
 	cfg.Defaults()
 	return cfg
 }
+
+// SimRunnerDir is where a fleet with data directory dataDir keeps the
+// ghsim binary its "VMs" run.
+func SimRunnerDir(dataDir string) string { return filepath.Join(dataDir, "bin") }
 
 // BuildSimRunner compiles the ghsim binary the demo's "VMs" run.
 func BuildSimRunner(ctx context.Context, root, dir string) (string, error) {

@@ -149,15 +149,23 @@ func secondInterruptExits(dataDir string) {
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	go func() {
 		<-sigs
-		// Agents go on starting runners until the exit: kill until a
-		// round finds none left (a few rounds at most).
-		n := 0
-		for round := 0; round < 5; round++ {
+		// Agents go on starting runners until the exit. A runner is
+		// started through sh and setsid, and between setsid and its exec
+		// it is no child of ours nor runs a binary under dataDir: no
+		// round can see it, and it would outlive us. So first its binary
+		// moves away, and every later exec of it fails; then kill until
+		// two rounds, a moment apart, find none left.
+		bin := harness.SimRunnerDir(dataDir)
+		_ = os.Rename(bin, bin+".stopped")
+		n, empty := 0, 0
+		for round := 0; round < 20 && empty < 2; round++ {
 			k := killRunners(dataDir)
-			if k == 0 {
-				break
+			if n += k; k == 0 {
+				empty++
+				time.Sleep(50 * time.Millisecond) // an exec begun before the move ends
+			} else {
+				empty = 0
 			}
-			n += k
 		}
 		fmt.Fprintf(os.Stderr, "\ninterrupted again: exiting now without waiting; killed %d runner process(es); left behind: %s (remove it: rm -rf %s)\n",
 			n, dataDir, dataDir)

@@ -34,8 +34,8 @@ func Cluster(t testing.TB, n int) ([]*server.Server, string) {
 	return cluster(t, n, FreePort, 10*time.Second)
 }
 
-// cluster starts n nodes on ports from port, each given ready to accept
-// connections.
+// cluster starts n nodes on ports from port, giving each node up to ready
+// to accept connections before it starts them all again.
 func cluster(t testing.TB, n int, port func(testing.TB) int, ready time.Duration) ([]*server.Server, string) {
 	t.Helper()
 	// A port FreePort found free can be taken before its node binds it (by

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/user"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -178,7 +179,7 @@ func ReleaseAttempt(ctx context.Context, js jetstream.JetStream, attempt string,
 	if len(done) == 0 {
 		return "nothing to do: it holds no slot and its VM is already being torn down or stopped", nil
 	}
-	return fmt.Sprint(done), nil
+	return strings.Join(done, "; "), nil
 }
 
 // hostReason is why the host takes no new jobs: its cordon's reason, else

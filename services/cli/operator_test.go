@@ -153,6 +153,9 @@ func TestAnOperatorsReleaseIsStoredThoughAnotherWriterTookItsIds(t *testing.T) {
 	if err != nil || a.ReleaseReason != events.ReleaseOperator {
 		t.Fatalf("release: %q %v; release reason %q, want the operator's stored", what, err, a.ReleaseReason)
 	}
+	if want := "slot of pool " + ref.Pool + " released; teardown requested on " + ref.Host; what != want {
+		t.Fatalf("the cli said %q, want %q", what, want)
+	}
 }
 
 // newLog starts an embedded server with the stream, for one test.

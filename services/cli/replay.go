@@ -183,7 +183,7 @@ func Check(ctx context.Context, js jetstream.JetStream, url string, progress fun
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, 0, fmt.Errorf("read %s/status: %w (is the service running? pass its address)", url, err)
+		return nil, 0, fmt.Errorf("read %s/status: %w (is the service running? pass its address with --service URL, once per service)", url, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

@@ -407,6 +407,10 @@ func (f *Fleet) ReplayEquals(ctx context.Context) (bool, string, error) {
 	return true, "", nil
 }
 
+// DefaultNATSURL is where the demo's embedded NATS listens unless told
+// otherwise (-nats-listen).
+const DefaultNATSURL = "nats://127.0.0.1:4222"
+
 // PrintSummary writes the demo's closing summary; keep says whether the
 // system stays up for the operator to look in.
 func PrintSummary(w io.Writer, r Report, keep bool) {
@@ -449,21 +453,28 @@ func PrintSummary(w io.Writer, r Report, keep bool) {
 	}
 	fmt.Fprintf(w, "elapsed:                %s\n", r.Elapsed.Round(100*time.Millisecond))
 	fmt.Fprintln(w)
+	natsURL := r.NATSURL
 	if keep {
 		fmt.Fprintln(w, "The system is still running (-keep). Look in from another terminal (make tools installs ./bin/nats):")
 	} else {
-		fmt.Fprintln(w, "To look in afterwards, run `make demo DEMO_FLAGS=-keep`; then, from another terminal (make tools installs ./bin/nats):")
+		flags := "-keep"
+		if natsURL != DefaultNATSURL {
+			// A free port picked for this run (4222 was taken): the next
+			// run needs the same flag, and will pick another port.
+			flags, natsURL = "'-keep -nats-listen=127.0.0.1:0'", "<the NATS URL it prints>"
+		}
+		fmt.Fprintf(w, "To look in afterwards, run `make demo DEMO_FLAGS=%s`; then, from another terminal (make tools installs ./bin/nats):\n", flags)
 	}
-	fmt.Fprintf(w, "  ./bin/nats --server %s stream info BERTH_EVENTS\n", r.NATSURL)
-	fmt.Fprintf(w, "  ./bin/nats --server %s stream subjects BERTH_EVENTS 'berth.evt.job.>'   # job ids\n", r.NATSURL)
-	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s status\n", r.NATSURL)
-	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s events --job <job id>\n", r.NATSURL)
+	fmt.Fprintf(w, "  ./bin/nats --server %s stream info BERTH_EVENTS\n", natsURL)
+	fmt.Fprintf(w, "  ./bin/nats --server %s stream subjects BERTH_EVENTS 'berth.evt.job.>'   # job ids\n", natsURL)
+	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s status\n", natsURL)
+	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s events --job <job id>\n", natsURL)
 	dispatcher, watchdog := r.Dispatcher, r.Watchdog
 	if !keep {
 		// Their ports are picked afresh each run: the -keep run prints its own.
 		dispatcher, watchdog = "<dispatcher address it prints>", "<watchdog address it prints>"
 	}
-	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s replay --check --service %s --service %s\n", r.NATSURL, dispatcher, watchdog)
+	fmt.Fprintf(w, "  go run ./services/cmd/berth --nats %s replay --check --service %s --service %s\n", natsURL, dispatcher, watchdog)
 	switch {
 	case r.Interrupted:
 		fmt.Fprintf(w, "RESULT: INTERRUPTED after %s: %d of %d jobs served, %d unfinished, %d not yet sent (their slots and VMs end with the system)\n",

@@ -60,6 +60,7 @@ build:
 schemas:
 	$(GO) run ./services/cmd/schemagen schemas
 
+## vet: go vet over every module (make test runs it too)
 vet:
 	$(GO) vet ./events/... ./services/... ./tests/...
 
@@ -75,9 +76,11 @@ tidy-check:
 	done
 	cd tests && GOWORK=off $(GO) build ./... && GOWORK=off $(GO) vet ./...
 
+## fmt-check: every Go file is gofmt'd (CI runs it)
 fmt-check:
 	@test -z "$$(gofmt -l events services tests)" || (gofmt -l events services tests; echo "run gofmt -w"; exit 1)
 
+## clean: remove ./bin and ./data (berth dev's state)
 clean:
 	rm -rf $(BIN) data
 

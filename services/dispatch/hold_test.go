@@ -2,7 +2,6 @@ package dispatch_test
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"sync/atomic"
 	"testing"
@@ -10,9 +9,7 @@ import (
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/dispatch"
-	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/testkit"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // countingMinter counts every call a dispatcher makes to GitHub.
@@ -39,11 +36,7 @@ func TestWhileRateLimitedTheDispatcherBooksAndCallsNothing(t *testing.T) {
 	budget := &dispatch.Budget{}
 	budget.Observe(&http.Response{StatusCode: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"60"}}}, nil, time.Now())
 	m := &countingMinter{}
-	d, err := dispatch.New(&eventlog.Loop{JS: in.js}, &eventlog.Appender{JS: in.js, Source: "test"}, m,
-		dispatch.Options{Budget: budget, Logger: slog.New(slog.DiscardHandler)}, dispatch.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := newDispatcher(t, in, m, dispatch.Options{Budget: budget})
 	seq := uint64(0)
 	apply := func(ps ...events.Payload) {
 		for _, p := range ps {

@@ -3,7 +3,6 @@ package dispatch_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,7 +13,6 @@ import (
 	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/testkit"
 	"github.com/nats-io/nkeys"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Given a pool with one slot and a dispatcher that has just booked it (the
@@ -26,11 +24,7 @@ import (
 // its own last append let a second booking through.)
 func TestADispatcherNeverBooksOnAFoldThatMissesItsOwnBooking(t *testing.T) {
 	in := newIntake(t)
-	d, err := dispatch.New(&eventlog.Loop{JS: in.js}, &eventlog.Appender{JS: in.js, Source: "test"}, &countingMinter{},
-		dispatch.Options{Logger: slog.New(slog.DiscardHandler)}, dispatch.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := newDispatcher(t, in, &countingMinter{}, dispatch.Options{})
 	seq := uint64(1000) // facts folded by hand, not from the stream: none on a pool ledger
 	apply := func(ps ...events.Payload) {
 		for _, p := range ps {
@@ -101,11 +95,7 @@ func (m *mintRecorder) Mint(ctx context.Context, r dispatch.MintRequest) (int64,
 func TestTheDispatcherMintsForItsBookingInTheSameRound(t *testing.T) {
 	in := newIntake(t)
 	m := &mintRecorder{names: make(chan string, 4)}
-	d, err := dispatch.New(&eventlog.Loop{JS: in.js}, &eventlog.Appender{JS: in.js, Source: "test"}, m,
-		dispatch.Options{Logger: slog.New(slog.DiscardHandler)}, dispatch.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := newDispatcher(t, in, m, dispatch.Options{})
 	for i, p := range []events.Payload{host("h-a", 1, 1), queued(1)} {
 		e := events.New("test", time.Now(), p)
 		e.Seq = uint64(i + 1)
@@ -158,11 +148,7 @@ func (m *blockingMinter) Mint(ctx context.Context, r dispatch.MintRequest) (int6
 func TestJITConfigCallsInFlightAreBounded(t *testing.T) {
 	in := newIntake(t)
 	m := &blockingMinter{release: make(chan struct{})}
-	d, err := dispatch.New(&eventlog.Loop{JS: in.js}, &eventlog.Appender{JS: in.js, Source: "test"}, m,
-		dispatch.Options{Logger: slog.New(slog.DiscardHandler), MintConcurrency: 3}, dispatch.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := newDispatcher(t, in, m, dispatch.Options{MintConcurrency: 3})
 	ps := []events.Payload{host("h-a", 12, 12)}
 	for j := int64(1); j <= 12; j++ {
 		ps = append(ps, queued(j))
@@ -207,12 +193,7 @@ func TestAMintWhosePlacementWaitsIsNeverMintedTwice(t *testing.T) {
 	t0 := time.Now()
 	clk := clock.NewFake(t0)
 	// The loop never runs: what the mint posts to it waits forever.
-	d, err := dispatch.New(&eventlog.Loop{JS: in.js}, &eventlog.Appender{JS: in.js, Source: "test"}, m,
-		dispatch.Options{Logger: slog.New(slog.DiscardHandler), Now: clk.Now},
-		dispatch.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := newDispatcher(t, in, m, dispatch.Options{Now: clk.Now})
 	kp, err := nkeys.CreateCurveKeys()
 	if err != nil {
 		t.Fatal(err)
@@ -262,11 +243,7 @@ func TestAMintWhosePlacementWaitsIsNeverMintedTwice(t *testing.T) {
 // placements, not a few bytes (issue 19).
 func TestAMintedPlacementLeavesMemoryInTheRoundItsPlacementIsFolded(t *testing.T) {
 	in := newIntake(t)
-	d, err := dispatch.New(&eventlog.Loop{JS: in.js}, &eventlog.Appender{JS: in.js, Source: "test"}, &countingMinter{},
-		dispatch.Options{Logger: slog.New(slog.DiscardHandler)}, dispatch.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := newDispatcher(t, in, &countingMinter{}, dispatch.Options{})
 	agent, err := nkeys.CreateCurveKeys() // the host's key, so the JIT config can be sealed to it
 	if err != nil {
 		t.Fatal(err)

@@ -1,15 +1,12 @@
 package dispatch_test
 
 import (
-	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/dispatch"
-	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/testkit"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Given a dispatcher, when it folds a placement carrying a sealed JIT
@@ -18,11 +15,7 @@ import (
 // running job's config cost its size in this fold (issue 19).
 func TestTheDispatchersFoldKeepsNoSealedJITConfig(t *testing.T) {
 	in := newIntake(t)
-	d, err := dispatch.New(&eventlog.Loop{JS: in.js}, &eventlog.Appender{JS: in.js, Source: "test"}, &countingMinter{},
-		dispatch.Options{Logger: slog.New(slog.DiscardHandler)}, dispatch.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := newDispatcher(t, in, &countingMinter{}, dispatch.Options{})
 	ref := testkit.Attempt(7, 1, "host-a")
 	placed := events.New("test", time.Now(), &events.AttemptPlaced{AttemptRef: ref, JobID: 7, RunnerID: 70, Labels: testkit.Labels,
 		SealedJIT: []byte("SEALED-JIT-CONFIG"), SealedBy: "XDISPATCHERKEY", SealedTo: "Xhost-a"})

@@ -605,3 +605,18 @@ func TestWebhookWaitsUntilItCanTellAScaleSetsJob(t *testing.T) {
 		t.Fatalf("delivery while the fold catches up: %d %q, %d facts; want 503 unavailable, 0", r.code, r.outcome, in.total(t))
 	}
 }
+
+// newDispatcher makes a dispatcher on the intake's stream with minter m and
+// options o (their Logger, when nil, discards), its metrics on a registry of
+// its own; its loop is not run.
+func newDispatcher(t testing.TB, in *intake, m dispatch.Minter, o dispatch.Options) *dispatch.Dispatcher {
+	t.Helper()
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	d, err := dispatch.New(&eventlog.Loop{JS: in.js}, &eventlog.Appender{JS: in.js, Source: "test"}, m, o, dispatch.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"runtime/pprof"
@@ -297,24 +298,20 @@ func cpuByPart(s CPUShares, jobs int) Row {
 // cpuProfile starts a CPU profile into path, or nothing when path is "";
 // stop ends it.
 func cpuProfile(path string) (stop func(), err error) {
-	if path == "" {
-		return func() {}, nil
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+	return recordInto(path, pprof.StartCPUProfile, pprof.StopCPUProfile)
 }
 
 // execTrace starts the runtime's execution tracer into path ("" starts
 // nothing) and returns its stop: a trace shows what a goroutine waited on,
 // which a CPU profile cannot (`go tool trace`).
 func execTrace(path string) (stop func(), err error) {
+	return recordInto(path, trace.Start, trace.Stop)
+}
+
+// recordInto creates path and starts a recorder writing to it; the stop it
+// returns (once, however often called) ends the recorder and closes the
+// file. An empty path records nothing.
+func recordInto(path string, start func(io.Writer) error, end func()) (stop func(), err error) {
 	if path == "" {
 		return func() {}, nil
 	}
@@ -322,11 +319,11 @@ func execTrace(path string) (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := trace.Start(f); err != nil {
+	if err := start(f); err != nil {
 		f.Close()
 		return nil, err
 	}
-	return sync.OnceFunc(func() { trace.Stop(); f.Close() }), nil
+	return sync.OnceFunc(func() { end(); f.Close() }), nil
 }
 
 // throughputBacklog caps the unfinished jobs of a throughput run longer

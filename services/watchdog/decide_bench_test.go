@@ -13,7 +13,9 @@ import (
 // benchFleet folds jobs over 10 hosts. In the "mix" shape 10% of the jobs are
 // queued, 10% running and the rest completed but still retained (as they are
 // for the retention, 72 h); in the "retained" shape all but one are
-// completed. The watchdog decides after every batch and every tick.
+// completed; in the "running" shape all but one run, as in the bench's
+// scale phase (10,000 running jobs). The watchdog decides after every
+// batch and every tick.
 func benchFleet(n int, shape string) *events.Fleet {
 	f := events.NewFleet()
 	var seq uint64
@@ -35,7 +37,7 @@ func benchFleet(n int, shape string) *events.Fleet {
 		switch {
 		case shape == "mix" && i%10 == 0, shape == "retained" && i == 0:
 			add(&events.JobQueued{JobRef: job(id)})
-		case shape == "mix" && i%10 == 1:
+		case shape == "mix" && i%10 == 1, shape == "running":
 			add(running(id, h)...)
 		default:
 			r := aref(id, h)
@@ -50,7 +52,7 @@ func benchFleet(n int, shape string) *events.Fleet {
 }
 
 func BenchmarkDecide(b *testing.B) {
-	for _, shape := range []string{"mix", "retained"} {
+	for _, shape := range []string{"mix", "retained", "running"} {
 		for _, n := range []int{100, 1000, 10000} {
 			b.Run(shape+"/jobs="+strconv.Itoa(n), func(b *testing.B) {
 				f := benchFleet(n, shape)

@@ -343,3 +343,39 @@ func TestWarmVMsProvisioningDeadlines(t *testing.T) {
 		t.Fatalf("releases %v: want the claimed VM released %s after its claim with no runner, the idle one kept", got, params.ProvisionTimeout)
 	}
 }
+
+// The walk of live attempts is in the fold's map order; the plan is in
+// attempt order whatever that order was, so two rounds on the same fold
+// write the same facts in the same order.
+func TestOverdueAttemptsAreReleasedInAttemptOrder(t *testing.T) {
+	hosts := make([]events.Payload, 0, 4)
+	for _, h := range []string{"h-a", "h-b", "h-c", "h-d"} {
+		p := host(h)
+		p.PhysicalCap, p.Pools["linux"] = 10, events.PoolSlots{Labels: linux, Slots: 10}
+		hosts = append(hosts, p)
+	}
+	l := given().at(0, hosts...)
+	for id := int64(1); id <= 30; id++ {
+		l = l.at(0, placed(id, []string{"h-a", "h-b", "h-c", "h-d"}[id%4])...)
+	}
+
+	for round := 0; round < 5; round++ {
+		plan := l.decide(params.ProvisionTimeout+2*time.Second, nil)
+		if len(plan.Release) != 30 || len(plan.Teardown) != 30 {
+			t.Fatalf("round %d: %d releases and %d teardowns, want 30 of each", round, len(plan.Release), len(plan.Teardown))
+		}
+		for i := 1; i < 30; i++ {
+			if plan.Release[i-1].Attempt >= plan.Release[i].Attempt || plan.Teardown[i-1].Attempt >= plan.Teardown[i].Attempt {
+				t.Fatalf("round %d: releases %v out of attempt order at %d", round, attempts(plan.Release), i)
+			}
+		}
+	}
+}
+
+func attempts(rs []events.SlotReleased) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.Attempt
+	}
+	return out
+}

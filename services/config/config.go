@@ -301,7 +301,8 @@ type Agent struct {
 	PhysicalCap int             `yaml:"physical_cap"`
 	Pools       map[string]Pool `yaml:"pools"`
 	Backend     Backend         `yaml:"backend"`
-	// Heartbeat is how often the agent proves it is alive.
+	// Heartbeat is how often the agent proves it is alive (default
+	// DefaultHeartbeat).
 	Heartbeat time.Duration `yaml:"heartbeat"`
 	// ShutdownTimeout: on SIGTERM the host drains; running jobs may finish
 	// for this long before their VMs are stopped.
@@ -377,6 +378,9 @@ func or[T comparable](v *T, def T) {
 	}
 }
 
+// DefaultHeartbeat is how often an agent beats unless its config says.
+const DefaultHeartbeat = 5 * time.Second
+
 // Defaults fills every unset field with the documented default.
 func (c *Config) Defaults() {
 	or(&c.DataDir, "./data")
@@ -420,7 +424,7 @@ func (c *Config) Defaults() {
 	or(&w.Retention, 72*time.Hour)
 	for i := range c.Agents {
 		a := &c.Agents[i]
-		or(&a.Heartbeat, 5*time.Second)
+		or(&a.Heartbeat, DefaultHeartbeat)
 		or(&a.ShutdownTimeout, 10*time.Minute)
 		if a.PhysicalCap == 0 {
 			for _, p := range a.AdvertisedPools() { // shapes are pools of their own

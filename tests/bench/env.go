@@ -2,7 +2,10 @@
 // watchdog and vmagents in one process around an embedded NATS JetStream
 // server and the GitHub simulator, with an in-process backend whose VMs are
 // simulated runner goroutines, and measures each figure of issue 9 beside a
-// reference taken in the same run. tests/cmd/bench drives it (`make bench`).
+// reference taken in the same run. The scale phase runs the simulator and
+// the agents in a second process (world.go), as GitHub and the hosts are
+// apart from the control plane in production. tests/cmd/bench drives it
+// (`make bench`).
 package bench
 
 import (

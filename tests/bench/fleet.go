@@ -1,11 +1,13 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -47,12 +49,20 @@ type FleetOptions struct {
 	Warm     int
 	Boot     time.Duration
 	Fixtures string
-	Logger   *slog.Logger
+	Logger   *slog.Logger `json:"-"`
 	// HookSenders is how many webhook deliveries the simulator has in
 	// flight at once (ghsim.Config.HookSenders; 0: one at a time).
 	HookSenders int
 	// JITFile: the VMs read their JIT configs from files (Env.JITFile).
 	JITFile bool
+	// Heartbeat is how often each agent beats; 0 means 1 s, five times
+	// the agents' default, so that a small fleet's hosts show at once.
+	Heartbeat time.Duration
+	// World, when not empty, is the command line of the world process
+	// (world.go): the simulator and the agents run there, not here, on at
+	// most WorldProcs cores (0: every core).
+	World      []string `json:"-"`
+	WorldProcs int      `json:"-"`
 }
 
 // Fleet is a running system: embedded NATS, the GitHub simulator, the
@@ -66,8 +76,9 @@ type Fleet struct {
 	Backends []*InProc
 	Hosts    int
 
-	dir string
-	srv interface {
+	world *world // the simulator and the agents, when they run apart
+	dir   string
+	srv   interface {
 		Shutdown()
 		WaitForShutdown()
 	}
@@ -93,17 +104,20 @@ func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
 			f.Close()
 		}
 	}()
-	srv, err := natsembed.StartEmbedded(natsembed.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: filepath.Join(dir, "nats")})
-	if err != nil {
+	if err := f.startNATS(filepath.Join(dir, "nats")); err != nil {
 		return f, err
 	}
-	f.srv, f.NATSURL = srv, srv.ClientURL()
 	dispAddr, err := freeAddr()
 	if err != nil {
 		return f, err
 	}
 	const secret = "bench-secret"
-	simURL, err := f.startSim(o, dispAddr, secret)
+	var simURL string
+	if len(o.World) > 0 {
+		f.world, simURL, err = startWorld(o.World, o.WorldProcs, WorldConfig{NATSURL: f.NATSURL, DispatcherAddr: dispAddr, Secret: secret, Fleet: o, LogLevel: logLevel(o.Logger)})
+	} else {
+		simURL, err = f.startSim(o, dispAddr, secret)
+	}
 	if err != nil {
 		return f, err
 	}
@@ -117,7 +131,12 @@ func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
 	if err != nil {
 		return f, err
 	}
-	if err := f.startAgents(sctx, o, cfg); err != nil {
+	if f.world != nil {
+		err = f.world.call(ctx, http.MethodPost, "/agents", nil, nil)
+	} else {
+		err = f.startAgents(sctx, o, cfg)
+	}
+	if err != nil {
 		return f, err
 	}
 	f.NC, f.JS, err = eventlog.Connect(f.NATSURL, "berth-bench")
@@ -125,6 +144,18 @@ func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
 		return f, err
 	}
 	return f, f.awaitHostsOnline(ctx, o.Hosts)
+}
+
+// startNATS starts the fleet's NATS server in this process. (Run in a
+// process of its own as well, beside the world's, it made the scale
+// phase slower here: on 2 cores every fact crossed one more process.)
+func (f *Fleet) startNATS(storeDir string) error {
+	srv, err := natsembed.StartEmbedded(natsembed.EmbeddedConfig{Listen: "127.0.0.1:0", StoreDir: storeDir})
+	if err != nil {
+		return err
+	}
+	f.srv, f.NATSURL = srv, srv.ClientURL()
+	return nil
 }
 
 // startSim starts the GitHub simulator, sending its webhooks to the
@@ -165,7 +196,7 @@ func fleetConfig(o FleetOptions, dir, natsURL, dispAddr, simURL, secret string) 
 func (f *Fleet) startAgents(sctx context.Context, o FleetOptions, cfg *config.Config) error {
 	for i := 0; i < o.Hosts; i++ {
 		ac := config.Agent{
-			Host: "host-" + strconv.Itoa(i), Listen: "127.0.0.1:0", Heartbeat: time.Second,
+			Host: "host-" + strconv.Itoa(i), Listen: "127.0.0.1:0", Heartbeat: cmp.Or(o.Heartbeat, time.Second),
 			PhysicalCap: o.PhysicalCap, ShutdownTimeout: time.Millisecond,
 			Pools: map[string]config.Pool{"linux": {Labels: LinuxLabels, Slots: o.LinuxSlots}},
 			Backend: config.Backend{Kind: "bench", Settings: &backend.Steps{
@@ -235,7 +266,10 @@ func (f *Fleet) Settle(ctx context.Context) error {
 	settle := func(fl *events.Fleet) {
 		fl.Compact(time.Now().Add(events.DefaultSettleAfter+time.Minute), 72*time.Hour)
 	}
-	reads := []func(context.Context, func(*events.Fleet)) error{f.Sys.Dispatcher.Read, f.Sys.Watchdog.Read}
+	var reads []func(context.Context, func(*events.Fleet)) error
+	if f.Sys.Dispatcher != nil { // not in the world process
+		reads = append(reads, f.Sys.Dispatcher.Read, f.Sys.Watchdog.Read)
+	}
 	for _, a := range f.Sys.Agents {
 		reads = append(reads, a.Read)
 	}
@@ -243,6 +277,9 @@ func (f *Fleet) Settle(ctx context.Context) error {
 		if err := read(ctx, settle); err != nil {
 			return err
 		}
+	}
+	if f.world != nil {
+		return f.world.call(ctx, http.MethodPost, "/settle", nil, nil)
 	}
 	return nil
 }
@@ -262,6 +299,11 @@ func (f *Fleet) Close() error {
 	for _, b := range f.Backends {
 		b.Close()
 	}
+	if f.world != nil {
+		if err := f.world.close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if f.NC != nil {
 		f.NC.Close()
 	}
@@ -278,13 +320,64 @@ func (f *Fleet) Close() error {
 	return errors.Join(errs...)
 }
 
-// RunnerFailures sums the runners that failed on their own across hosts.
+// Enqueue offers one job to the simulator, here or in the world process,
+// and returns its id.
+func (f *Fleet) Enqueue(ctx context.Context, s ghsim.JobSpec) (int64, error) {
+	if f.world == nil {
+		return f.Sim.Enqueue(s), nil
+	}
+	var id int64
+	return id, f.world.call(ctx, http.MethodPost, "/enqueue", s, &id)
+}
+
+// simJobs is the simulator's view of its jobs and runners, here or in the
+// world process.
+func (f *Fleet) simJobs(ctx context.Context) (worldJobs, error) {
+	if f.world == nil {
+		return worldJobs{Jobs: f.Sim.Jobs(), Runners: f.Sim.Runners()}, nil
+	}
+	var j worldJobs
+	return j, f.world.call(ctx, http.MethodGet, "/jobs", nil, &j)
+}
+
+// closeSim closes the simulator, here or in the world process: a reading
+// after it is Berth's and NATS's alone.
+func (f *Fleet) closeSim(ctx context.Context) error {
+	if f.world != nil {
+		return f.world.call(ctx, http.MethodPost, "/close-sim", nil, nil)
+	}
+	f.Sim.Close()
+	f.Sim = nil
+	return nil
+}
+
+// RunnerFailures sums the runners that failed on their own across hosts;
+// -1 when the world process cannot say.
 func (f *Fleet) RunnerFailures() int {
+	if f.world != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		s, err := f.world.state(ctx, false)
+		if err != nil {
+			return -1
+		}
+		return s.RunnerFailures
+	}
 	n := 0
 	for _, b := range f.Backends {
 		n += b.RunnerFailures()
 	}
 	return n
+}
+
+// logLevel is the lowest level l enables, for a process of its own.
+func logLevel(l *slog.Logger) slog.Level {
+	for _, lvl := range []slog.Level{slog.LevelDebug, slog.LevelInfo, slog.LevelWarn, slog.LevelError} {
+		if l.Enabled(context.Background(), lvl) {
+			return lvl
+		}
+	}
+	return slog.LevelError + 4 // nothing enabled: the discard handler
 }
 
 func freeAddr() (string, error) {

@@ -28,12 +28,12 @@ func DispatchLatency(ctx context.Context, e Env, o LatencyOptions) (Result, erro
 			continue
 		}
 		e.say("dispatch latency: %d jobs offered at %d jobs/s on %d hosts", jobs, r, o.Hosts)
-		rows, notes, d, err := e.latencyAt(ctx, r, jobs, o.Hosts)
+		rows, notes, got, err := e.latencyAt(ctx, r, jobs, o.Hosts)
 		if err != nil {
 			return res, err
 		}
 		if u := e.Unloaded; u != nil && (u.Rate == 0 || r < u.Rate) {
-			u.Rate, u.Dist = r, d
+			*u = got
 		}
 		res.Rows = append(res.Rows, rows...)
 		res.Notes = append(res.Notes, notes...)
@@ -42,30 +42,30 @@ func DispatchLatency(ctx context.Context, e Env, o LatencyOptions) (Result, erro
 	return res, nil
 }
 
-func (e Env) latencyAt(ctx context.Context, r, jobs, hosts int) ([]Row, []string, Dist, error) {
+func (e Env) latencyAt(ctx context.Context, r, jobs, hosts int) ([]Row, []string, Unloaded, error) {
 	f, err := e.fleet(ctx, FleetOptions{Hosts: hosts, LinuxSlots: 150, MacSlots: 60})
 	if err != nil {
-		return nil, nil, Dist{}, err
+		return nil, nil, Unloaded{}, err
 	}
 	defer f.Close()
 	specs := Workload(jobs, e.Seed+uint64(r), 0.3, 0, 0, e.BareLabel)
 	base, err := LastSeq(ctx, f.JS)
 	if err != nil {
-		return nil, nil, Dist{}, err
+		return nil, nil, Unloaded{}, err
 	}
 	probe, err := StartProbe(ctx, f.JS, base+1)
 	if err != nil {
-		return nil, nil, Dist{}, err
+		return nil, nil, Unloaded{}, err
 	}
 	run, err := e.drive(ctx, fmt.Sprintf("dispatch latency at %d jobs/s", r), f, specs, feed{rate: float64(r)}, settled(jobs))
 	received := probe.Stop()
 	if err != nil {
-		return nil, nil, Dist{}, err
+		return nil, nil, Unloaded{}, err
 	}
 	d := Summarize(run.tl.PlaceLatency())
 	rtt, _, err := RawSyncPublish(ctx, f.NATSURL, 2000, 600, time.Minute)
 	if err != nil {
-		return nil, nil, Dist{}, err
+		return nil, nil, Unloaded{}, err
 	}
 	var first, last time.Time
 	var lag []time.Duration
@@ -93,11 +93,12 @@ func (e Env) latencyAt(ctx context.Context, r, jobs, hosts int) ([]Row, []string
 		row.Target = target("p50 ≤ 0.5 ms, p99 ≤ 2 ms", d.P50 <= 500*time.Microsecond && d.P99 <= 2*time.Millisecond)
 	}
 	toReserve, toPlace := run.tl.PlaceParts()
+	got := Unloaded{Rate: r, Dist: d, Reserve: Summarize(toReserve)}
 	delivery, berth, early := run.tl.DeliveryParts(received)
 	notes := []string{fmt.Sprintf("at %d jobs/s: offered %s jobs/s, webhooks accepted at %s jobs/s; delivery lag (sim enqueue → accepted) %s; placements %d of %d jobs; of the latency, accepted → slot reserved %s, reserved → placement stored (JIT-config call, seal, append) %s",
 		r, num(offered), num(accepted), pq(Summarize(lag)), d.N, jobs, pq(Summarize(toReserve)), pq(Summarize(toPlace)))}
 	if r != 200 {
-		return []Row{row}, notes, d, nil
+		return []Row{row}, notes, got, nil
 	}
 	share := Summarize(berth)
 	own := Row{Figure: fmt.Sprintf("Dispatch latency @ %d jobs/s, Berth's own share: the log handed the queued fact to its consumers → slot reserved stored (fold, Decide, the reservation's append; no GitHub call)", r),
@@ -107,7 +108,7 @@ func (e Env) latencyAt(ctx context.Context, r, jobs, hosts int) ([]Row, []string
 		Target:    target("p50 ≤ 0.3 ms, p99 ≤ 2 ms", share.P50 <= 300*time.Microsecond && share.P99 <= 2*time.Millisecond)}
 	notes = append(notes, fmt.Sprintf("at %d jobs/s: Berth's own share is measured from when a probe consumer on the same server received each job's queued fact (the server signals the dispatcher's consumer in the same pass); for %d of %d jobs the reservation was stored before the probe's receipt and counts as 0",
 		r, early, share.N))
-	return []Row{row, own}, notes, d, nil
+	return []Row{row, own}, notes, got, nil
 }
 
 // ReleaseOptions size the release-latency phase.

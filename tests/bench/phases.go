@@ -42,12 +42,22 @@ type Env struct {
 	// agent writes, as exec and vz do; otherwise they take it in memory, as
 	// ec2 does (backend.InMemoryJIT), and the agent touches no disk per VM.
 	JITFile bool
+	// World, when not empty, is the command line that starts the world
+	// process (world.go: the bench binary's `world` mode). The scale phase
+	// then runs the simulator and the agents there, apart from the control
+	// plane, as GitHub and the hosts are in production, on at most
+	// WorldProcs cores (0: every core).
+	World      []string
+	WorldProcs int
 }
 
 // Unloaded is dispatch latency with the fleet nearly idle.
 type Unloaded struct {
 	Rate int
 	Dist Dist
+	// Reserve is the part before the GitHub call: webhook accepted → slot
+	// reserved stored.
+	Reserve Dist
 }
 
 func (e Env) say(format string, args ...any) {
@@ -403,8 +413,12 @@ func processCPU() time.Duration {
 // simulator and the dispatcher's fold see them, for a stalled phase.
 func diagnose(ctx context.Context, f *Fleet) string {
 	var b strings.Builder
+	sim, err := f.simJobs(ctx)
+	if err != nil {
+		return "the simulator's jobs are unknown: " + err.Error()
+	}
 	open := map[int64]ghsim.JobView{}
-	for _, j := range f.Sim.Jobs() {
+	for _, j := range sim.Jobs {
 		if j.Status != ghsim.StatusCompleted {
 			open[j.ID] = j
 		}
@@ -438,7 +452,7 @@ func diagnose(ctx context.Context, f *Fleet) string {
 			fmt.Fprintf(&b, "\n  pool %s: held %d of %d, pending demand %d, waiting for slot %d", p.Name, p.Held, p.Capacity, p.PendingDemand, p.WaitingForSlot)
 		}
 	})
-	runners := f.Sim.Runners()
+	runners := sim.Runners
 	for i, r := range runners {
 		if i == 20 {
 			fmt.Fprintf(&b, "\n  … and %d more sim runners", len(runners)-i)

@@ -4,11 +4,15 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"net/http"
+	"net/url"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/config"
 	"github.com/berth-ci/berth/tests/ghsim"
 )
 
@@ -31,6 +35,9 @@ type ScaleOptions struct {
 	// HeapProfileDir, when not "", receives heap profiles of the idle
 	// fleet and of the full one, each after the forced GCs of its reading.
 	HeapProfileDir string
+	// Heartbeat is each agent's; 0 means the agents' default (5 s), which
+	// a fleet of this size runs with.
+	Heartbeat time.Duration
 }
 
 // Scale is issue 9's sixth figure. It fills many hosts with Jobs
@@ -42,6 +49,7 @@ type ScaleOptions struct {
 func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 	res := Result{Phase: "scale"}
 	o.LinuxSlots, o.MacSlots, o.Probes = cmp.Or(o.LinuxSlots, 4), cmp.Or(o.MacSlots, 2), cmp.Or(o.Probes, 100)
+	o.Heartbeat = cmp.Or(o.Heartbeat, config.DefaultHeartbeat)
 	rate := 50
 	if u := e.Unloaded; u != nil && u.Rate > 0 {
 		rate = u.Rate
@@ -52,12 +60,15 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	f, err := e.fleet(ctx, FleetOptions{Hosts: o.Hosts, LinuxSlots: o.LinuxSlots, MacSlots: o.MacSlots})
+	f, err := e.fleet(ctx, FleetOptions{Hosts: o.Hosts, LinuxSlots: o.LinuxSlots, MacSlots: o.MacSlots, World: e.World, WorldProcs: e.WorldProcs, Heartbeat: o.Heartbeat})
 	if err != nil {
 		return res, err
 	}
 	defer f.Close()
-	idle := measure()
+	idle, err := measureFleet(ctx, f)
+	if err != nil {
+		return res, err
+	}
 	if err := heapProfile(o.HeapProfileDir, "scale-idle.pb.gz"); err != nil {
 		return res, err
 	}
@@ -78,7 +89,10 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	loaded := measure()
+	loaded, err := measureFleet(ctx, f)
+	if err != nil {
+		return res, err
+	}
 	if err := heapProfile(o.HeapProfileDir, "scale-loaded.pb.gz"); err != nil {
 		return res, err
 	}
@@ -87,11 +101,20 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 	if err != nil {
 		return res, err
 	}
+	// Its allocations less the loaded fleet's are what the probe window
+	// allocated (-sample_index=alloc_space).
+	if err := heapProfile(o.HeapProfileDir, "scale-probed.pb.gz"); err != nil {
+		return res, err
+	}
 	if o.CPUProfile != "" {
 		res.Notes = append(res.Notes, "CPU profile of the probe window: `go tool pprof -top "+o.CPUProfile+"`")
+		if f.world != nil {
+			res.Notes = append(res.Notes, "the world process's: `go tool pprof -top "+o.CPUProfile+".world`")
+		}
 	}
 	if d := o.HeapProfileDir; d != "" {
-		res.Notes = append(res.Notes, "heap of the running jobs: `go tool pprof -top -diff_base "+d+"/scale-idle.pb.gz "+d+"/scale-loaded.pb.gz`")
+		res.Notes = append(res.Notes, "heap of the running jobs: `go tool pprof -top -diff_base "+d+"/scale-idle.pb.gz "+d+"/scale-loaded.pb.gz`; "+
+			"what the probe window allocated: `go tool pprof -top -sample_index=alloc_space -diff_base "+d+"/scale-loaded.pb.gz "+d+"/scale-probed.pb.gz`")
 	}
 	e.say("scale: probes served; waiting for the %d jobs to finish", o.Jobs)
 	last, tl, err := r.drain(ctx, base)
@@ -105,18 +128,25 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 	if err := f.Settle(ctx); err != nil {
 		return res, err
 	}
-	after := measure()
-	f.Sim.Close() // it keeps every job and webhook: its share is not Berth's
-	f.Sim = nil
-	noSim := measure()
+	after, err := measureFleet(ctx, f)
+	if err != nil {
+		return res, err
+	}
+	if err := f.closeSim(ctx); err != nil { // it keeps every job and webhook: its share is not Berth's
+		return res, err
+	}
+	noSim, err := measureFleet(ctx, f)
+	if err != nil {
+		return res, err
+	}
 
 	fillLat, probeLat, firstEnd := scaleLatencies(tl, isFill)
 	if firstEnd.Before(probesDone) {
 		return res, fmt.Errorf("scale: a job of the fill finished while probes were still served, so they did not all run under the full load; raise -scale-duration above %s",
 			(filled + probesDone.Sub(probeStart)).Round(time.Second))
 	}
-	res.Rows = append(res.Rows, r.rows(filled, fillLat, probeLat, scaleHeaps{idle: idle, loaded: loaded, after: after, noSim: noSim})...)
-	res.Notes = append(res.Notes, slowestProbes(tl, isFill, probeStart, 5))
+	res.Rows = append(res.Rows, r.rows(filled, fillLat, probeLat, probeReserve(tl, isFill), scaleHeaps{idle: idle, loaded: loaded, after: after, noSim: noSim})...)
+	res.Notes = append(res.Notes, slowestProbes(tl, isFill, probeStart, 5), r.cpuNote())
 	n := float64(o.Jobs + o.Probes)
 	res.Notes = append(res.Notes, fmt.Sprintf("%d linux and %d macos jobs and probes by label match; %.2f facts per job; runner failures %d",
 		perPool["linux"], perPool["macos"], float64(last-base)/n, f.RunnerFailures()))
@@ -149,6 +179,9 @@ type scaleRun struct {
 	f    *Fleet
 	c    *Counter
 	rate int
+	// probeCPU is the cores this process and the world process used
+	// while the probes were served.
+	probeCPU [2]float64
 }
 
 // status is the progress line: what runs, and what the log has seen.
@@ -169,7 +202,11 @@ func (r *scaleRun) fillUp(ctx context.Context, fill []ghsim.JobSpec) (time.Durat
 	start := time.Now()
 	isFill := map[int64]bool{}
 	for _, s := range fill {
-		isFill[r.f.Sim.Enqueue(s)] = true
+		id, err := r.f.Enqueue(ctx, s)
+		if err != nil {
+			return 0, nil, err
+		}
+		isFill[id] = true
 	}
 	full := func() bool { return r.c.Get(events.TypeJobInProgress) >= int64(r.o.Jobs) }
 	if err := Wait(ctx, "scale fill", r.e.Timeout, r.e.Stall, full, r.progress, r.status); err != nil {
@@ -186,7 +223,7 @@ func (r *scaleRun) fillUp(ctx context.Context, fill []ghsim.JobSpec) (time.Durat
 // waits until they are served, with the CPU profile (if asked for) covering
 // just that window. It returns when the probes started and were done.
 func (r *scaleRun) probe(ctx context.Context, probes []ghsim.JobSpec) (start, done time.Time, err error) {
-	stopProfile, err := cpuProfile(r.o.CPUProfile)
+	stopProfile, err := r.cpuProfile(ctx)
 	if err != nil {
 		return start, done, err
 	}
@@ -196,12 +233,18 @@ func (r *scaleRun) probe(ctx context.Context, probes []ghsim.JobSpec) (start, do
 		return start, done, err
 	}
 	defer stopTrace()
+	cpu, err := r.cpu(ctx)
+	if err != nil {
+		return start, done, err
+	}
 	start = time.Now()
 	for i, s := range probes {
 		if d := time.Until(start.Add(time.Duration(float64(i) / float64(r.rate) * float64(time.Second)))); d > 0 {
 			time.Sleep(d)
 		}
-		r.f.Sim.Enqueue(s)
+		if _, err := r.f.Enqueue(ctx, s); err != nil {
+			return start, done, err
+		}
 	}
 	probed := func() bool { return r.c.Get(events.TypeJobCompleted) >= int64(r.o.Probes) }
 	if err := Wait(ctx, "scale probes", r.e.Timeout, r.e.Stall, probed, r.progress, r.status); err != nil {
@@ -210,7 +253,55 @@ func (r *scaleRun) probe(ctx context.Context, probes []ghsim.JobSpec) (start, do
 	done = time.Now()
 	stopProfile()
 	stopTrace()
+	after, err := r.cpu(ctx)
+	if err != nil {
+		return start, done, err
+	}
+	r.probeCPU = [2]float64{cores(after[0]-cpu[0], done.Sub(start)), cores(after[1]-cpu[1], done.Sub(start))}
 	return start, done, nil
+}
+
+// cpuProfile starts the CPU profile of this process into
+// ScaleOptions.CPUProfile and, with the world apart, of the world process
+// into the same name with ".world" added; it returns their stop.
+func (r *scaleRun) cpuProfile(ctx context.Context) (stop func(), err error) {
+	stopHere, err := cpuProfile(r.o.CPUProfile)
+	if err != nil || r.o.CPUProfile == "" || r.f.world == nil {
+		return stopHere, err
+	}
+	if err := r.f.world.call(ctx, http.MethodPost, "/cpuprofile?file="+url.QueryEscape(r.o.CPUProfile+".world"), nil, nil); err != nil {
+		stopHere()
+		return nil, err
+	}
+	return func() {
+		stopHere()
+		_ = r.f.world.call(context.Background(), http.MethodDelete, "/cpuprofile", nil, nil)
+	}, nil
+}
+
+// cpu is the CPU time this process and the world process (0 when there is
+// none) have used.
+func (r *scaleRun) cpu(ctx context.Context) ([2]time.Duration, error) {
+	here := processCPU()
+	if r.f.world == nil {
+		return [2]time.Duration{here, 0}, nil
+	}
+	s, err := r.f.world.state(ctx, false)
+	return [2]time.Duration{here, s.CPU}, err
+}
+
+// cores is CPU time used over a wall-clock span, in cores.
+func cores(cpu, wall time.Duration) float64 { return cpu.Seconds() / max(wall.Seconds(), 1e-9) }
+
+// cpuNote says how busy each process was while the probes were served:
+// on a machine of few cores, a collector's mark phase then has no idle
+// core to run on.
+func (r *scaleRun) cpuNote() string {
+	if r.f.world == nil {
+		return fmt.Sprintf("CPU while the probes were served: %.2f cores (of %d)", r.probeCPU[0], runtime.NumCPU())
+	}
+	return fmt.Sprintf("CPU while the probes were served: %.2f cores in this process (the dispatcher, the watchdog and NATS), %.2f in the world process (agents and simulator), of %d",
+		r.probeCPU[0], r.probeCPU[1], runtime.NumCPU())
 }
 
 // drain waits until every job and probe has settled, then reads the run's
@@ -253,6 +344,32 @@ func scaleLatencies(tl Timeline, isFill map[int64]bool) (fillLat, probeLat []tim
 	return fillLat, probeLat, firstEnd
 }
 
+// probeReserve is each probe's part before the GitHub call: webhook
+// accepted → slot reserved stored (Timeline.PlaceParts).
+func probeReserve(tl Timeline, isFill map[int64]bool) []time.Duration {
+	var out []time.Duration
+	for id, j := range tl.Jobs {
+		if !isFill[id] && !j.Queued.IsZero() && !j.Reserved.IsZero() && !j.Placed.IsZero() && !j.Placed.Before(j.Reserved) {
+			out = append(out, j.Reserved.Sub(j.Queued))
+		}
+	}
+	return out
+}
+
+// scaleShare compares the probes' part before the GitHub call with the
+// same part unloaded: what the full fleet costs Berth's own path, apart
+// from the simulator's answers (GitHub's, in production).
+func (e Env) scaleShare(d Dist) Row {
+	row := Row{Figure: "Scale: the probes' part before the GitHub call (webhook accepted → slot reserved stored: consumer delivery, fold, Decide, append)",
+		Value: pq(d), Reference: "no unloaded figure in this run (run the latency phase too)",
+		Target: "— (the target is the whole path's, above)"}
+	if u := e.Unloaded; u != nil && u.Rate > 0 && u.Reserve.N > 0 {
+		row.Reference = fmt.Sprintf("unloaded, %d jobs/s in the latency phase: %s", u.Rate, pq(u.Reserve))
+		row.Ratio = "p99 " + ratio(float64(d.P99), float64(u.Reserve.P99))
+	}
+	return row
+}
+
 // slowestProbes names the n slowest probes, each with when it was accepted
 // (after the first probe was offered) and its two halves, so a tail can be
 // told apart: a stall in time (clustered offsets) from one in a part (a
@@ -277,41 +394,84 @@ func slowestProbes(tl Timeline, isFill map[int64]bool, start time.Time, n int) s
 	return "the slowest probes, with when each was accepted after the first was offered: " + strings.Join(parts, "; ")
 }
 
+// fleetHeap is one heap reading of a fleet, each after two forced GCs:
+// this process's, and the world process's when the simulator and the
+// agents run apart (zero otherwise).
+type fleetHeap struct{ here, world memPoint }
+
+func measureFleet(ctx context.Context, f *Fleet) (fleetHeap, error) {
+	h := fleetHeap{here: measure()}
+	if f.world == nil {
+		return h, nil
+	}
+	s, err := f.world.state(ctx, true)
+	h.world = memPoint{heap: s.Heap, objects: s.Objects, goroutines: s.Goroutines}
+	return h, err
+}
+
+// total is the heap of both processes, in bytes.
+func (h fleetHeap) total() float64 { return float64(h.here.heap) + float64(h.world.heap) }
+
 // scaleHeaps are the heap readings of one run: before the fill, with every
 // job running, once all finished, and then with the simulator closed.
-type scaleHeaps struct{ idle, loaded, after, noSim memPoint }
+type scaleHeaps struct{ idle, loaded, after, noSim fleetHeap }
 
 // rows are the phase's four figures: fill time, loaded dispatch latency,
 // heap per running job and heap per finished job.
-func (r *scaleRun) rows(filled time.Duration, fillLat, probeLat []time.Duration, h scaleHeaps) []Row {
+func (r *scaleRun) rows(filled time.Duration, fillLat, probeLat, probeReserve []time.Duration, h scaleHeaps) []Row {
 	o := r.o
 	n := float64(o.Jobs + o.Probes)
-	simBytes := (float64(h.after.heap) - float64(h.noSim.heap)) / n // per job at the end
-	// The simulator cannot be closed while the jobs run: this figure keeps
-	// its share (GitHub's, not Berth's; it is taken out of the next one).
-	perLive := (float64(h.loaded.heap) - float64(h.idle.heap)) / float64(o.Jobs)
-	perDone := (float64(h.noSim.heap) - float64(h.idle.heap)) / n
+	simBytes := (h.after.total() - h.noSim.total()) / n // per job at the end
+	perDone := (h.noSim.total() - h.idle.total()) / n
 	return []Row{
 		{Figure: fmt.Sprintf("Scale: fill, %d jobs at once on %d hosts (first enqueue → the last one running)", o.Jobs, o.Hosts),
 			Value: ms(filled), Reference: fmt.Sprintf("%d slots offered; %s", (o.LinuxSlots+o.MacSlots)*o.Hosts, pq(Summarize(fillLat))+" webhook → placement"),
 			Target: "—"},
-		r.e.scaleLatency(Summarize(probeLat), o, r.rate),
-		{Figure: fmt.Sprintf("Scale: heap per running job with %d running, whole process with the simulator (after a forced GC, twice)", o.Jobs),
-			Value:     bytesStr(perLive),
-			Reference: fmt.Sprintf("heap before the fill: %s; the simulator keeps %s a job at the end", bytesStr(float64(h.idle.heap)), bytesStr(simBytes)),
-			Target:    "memory proportional to live jobs"},
-		{Figure: "Scale: heap per finished job once all finished, settled and quiet, the simulator closed (Berth and NATS)",
+		r.e.scaleLatency(Summarize(probeLat), o, r.rate, r.where()),
+		r.e.scaleShare(Summarize(probeReserve)),
+		r.liveHeapRow(h, simBytes),
+		{Figure: "Scale: heap per finished job once all finished, settled and quiet, the simulator closed (Berth, its agents included, and NATS)",
 			Value:     bytesStr(perDone),
-			Reference: fmt.Sprintf("heap before the fill: %s", bytesStr(float64(h.idle.heap))),
+			Reference: fmt.Sprintf("heap before the fill: %s", bytesStr(h.idle.total())),
 			Target:    historyTarget(perDone, o)},
 	}
+}
+
+// where says where the simulator and the agents ran.
+func (r *scaleRun) where() string {
+	switch {
+	case r.f.world == nil:
+		return "the simulator and the agents in this process"
+	case r.e.WorldProcs > 0:
+		return fmt.Sprintf("the simulator and the agents in a process of their own on %d of the %d cores", r.e.WorldProcs, runtime.NumCPU())
+	}
+	return "the simulator and the agents in a process of their own"
+}
+
+// liveHeapRow is the heap each running job costs. With the world apart it
+// is the control plane's process alone (the dispatcher, the watchdog and
+// NATS), the world's figure beside it; else the whole process, whose
+// share of the simulator cannot be taken out while the jobs run.
+func (r *scaleRun) liveHeapRow(h scaleHeaps, simBytes float64) Row {
+	jobs := float64(r.o.Jobs)
+	if r.f.world == nil {
+		return Row{Figure: fmt.Sprintf("Scale: heap per running job with %d running, whole process with the simulator (after a forced GC, twice)", r.o.Jobs),
+			Value:     bytesStr((h.loaded.total() - h.idle.total()) / jobs),
+			Reference: fmt.Sprintf("heap before the fill: %s; the simulator keeps %s a job at the end", bytesStr(h.idle.total()), bytesStr(simBytes)),
+			Target:    "memory proportional to live jobs"}
+	}
+	return Row{Figure: fmt.Sprintf("Scale: heap per running job with %d running, the control plane's process: dispatcher, watchdog and NATS (after a forced GC, twice)", r.o.Jobs),
+		Value: bytesStr((float64(h.loaded.here.heap) - float64(h.idle.here.heap)) / jobs),
+		Reference: fmt.Sprintf("its heap before the fill: %s; the world process (agents and simulator): %s a running job, %s before the fill; the simulator keeps %s a job at the end",
+			bytesStr(float64(h.idle.here.heap)), bytesStr((float64(h.loaded.world.heap)-float64(h.idle.world.heap))/jobs), bytesStr(float64(h.idle.world.heap)), bytesStr(simBytes)),
+		Target: "memory proportional to live jobs"}
 }
 
 // scaleLatency compares the probes' dispatch latency, with the fleet full,
 // with the unloaded figure of the same run (issue 9: p99 within 2× of it,
 // with 10,000 concurrent jobs on 500 hosts).
-func (e Env) scaleLatency(d Dist, o ScaleOptions, rate int) Row {
-	row := Row{Figure: fmt.Sprintf("Scale: dispatch latency of %d jobs at %d jobs/s while %d run on %d hosts (webhook accepted → placement stored)", d.N, rate, o.Jobs, o.Hosts),
+func (e Env) scaleLatency(d Dist, o ScaleOptions, rate int, where string) Row {
+	row := Row{Figure: fmt.Sprintf("Scale: dispatch latency of %d jobs at %d jobs/s while %d run on %d hosts, %s (webhook accepted → placement stored)", d.N, rate, o.Jobs, o.Hosts, where),
 		Value: pq(d), Reference: "no unloaded figure in this run (run the latency phase too)"}
 	if u := e.Unloaded; u != nil && u.Rate > 0 {
 		row.Reference = fmt.Sprintf("unloaded, %d jobs/s in the latency phase: %s", u.Rate, pq(u.Dist))

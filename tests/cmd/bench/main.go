@@ -41,7 +41,7 @@ type sizes struct {
 	scaleHosts, scaleJobs          int
 	scaleLinux, scaleMac           int
 	scaleProbes                    int
-	scaleDuration                  time.Duration
+	scaleDuration, scaleHeartbeat  time.Duration
 	warmJobs, warmHosts, warmVMs   int
 	warmRate                       float64
 	warmBoot                       time.Duration
@@ -74,8 +74,8 @@ var smoke = sizes{
 // options are the command line's choices other than the sizes.
 type options struct {
 	isSmoke, noWrite, goBench, bareLabel bool
-	hookSenders                          int
-	jitFile                              bool
+	hookSenders, worldProcs              int
+	jitFile, scaleOneProcess             bool
 	heapOwners                           bool
 	heapRate                             int
 	out, only, cpuProfile                string
@@ -93,6 +93,10 @@ type phase struct {
 }
 
 func main() {
+	if len(os.Args) == 3 && os.Args[1] == "world" {
+		serveWorld(os.Args[2])
+		return
+	}
 	began := time.Now()
 	o, s := parseFlags()
 	if o.heapOwners {
@@ -124,6 +128,11 @@ func main() {
 		Progress: func(format string, args ...any) {
 			fmt.Printf("[%s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
 		}}
+	if !o.scaleOneProcess {
+		exe, err := os.Executable()
+		check(err)
+		env.World, env.WorldProcs = []string{exe, "world"}, o.worldProcs
+	}
 	want := map[string]bool{}
 	for _, p := range strings.Split(o.only, ",") {
 		want[strings.TrimSpace(p)] = true
@@ -153,6 +162,19 @@ func main() {
 	fmt.Println("\nappended to", o.out)
 }
 
+// serveWorld is the bench binary's `world` mode: the scale phase's
+// simulator and agents in a process of their own (bench.ServeWorld),
+// started by the bench with its config as the one argument. It ends when
+// its stdin closes.
+func serveWorld(config string) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := bench.ServeWorld(ctx, config, os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "bench world:", err)
+		os.Exit(1)
+	}
+}
+
 // parseFlags reads the command line. With -smoke, the smoke sizes replace
 // the full ones except where a size flag was given explicitly.
 func parseFlags() (options, sizes) {
@@ -174,6 +196,8 @@ func parseFlags() (options, sizes) {
 	flag.IntVar(&o.heapRate, "heap-owners-rate", 1, "with -heap-owners: sample one allocation each this many bytes on average (runtime.MemProfileRate); above 1 the parts are the profile's estimates, and a run of 100,000 jobs takes minutes, not an hour")
 	flag.BoolVar(&o.jitFile, "jit-file", false, "the bench's VMs read their JIT configs from the files the agents write, as exec and vz do (default: in memory, as ec2 does)")
 	flag.IntVar(&o.hookSenders, "hook-senders", 8, "webhook deliveries the simulator has in flight at once, each job's in order (GitHub delivers concurrently; 1: one at a time, in order)")
+	flag.IntVar(&o.worldProcs, "scale-world-procs", 1, "scale: cores (GOMAXPROCS) of the world process, which stands for GitHub and every host: at 1 its collector cannot take the control plane's core too (0: every core)")
+	flag.BoolVar(&o.scaleOneProcess, "scale-one-process", false, "run the scale phase's simulator and agents in this process, beside the control plane, as runs before 2026-12-06 did (their heap then shares its collector)")
 	flag.BoolVar(&o.bareLabel, "bare-label", false, "add jobs whose runs-on is just \"self-hosted\" (runners of either pool may take them)")
 	sizeFlags(&s)
 	flag.Parse()
@@ -205,6 +229,7 @@ func sizeFlags(s *sizes) {
 	flag.IntVar(&s.scaleJobs, "scale-jobs", s.scaleJobs, "scale: jobs, all enqueued at once and running together")
 	flag.IntVar(&s.scaleProbes, "scale-probes", s.scaleProbes, "scale: jobs offered at the unloaded latency rate while the others run")
 	flag.DurationVar(&s.scaleDuration, "scale-duration", s.scaleDuration, "scale: each job's duration; must cover filling the fleet and the probes")
+	flag.DurationVar(&s.scaleHeartbeat, "scale-heartbeat", s.scaleHeartbeat, "scale: each agent's heartbeat (0: the agents' default, 5s; the other phases beat every 1s)")
 	flag.IntVar(&s.warmJobs, "warm-jobs", s.warmJobs, "time to runner: linux jobs")
 	flag.IntVar(&s.warmVMs, "warm-vms", s.warmVMs, "time to runner: warm VMs kept in the linux pool")
 	flag.DurationVar(&s.warmBoot, "warm-boot", s.warmBoot, "time to runner: every VM's boot time")
@@ -244,7 +269,7 @@ func phaseList(ctx context.Context, env bench.Env, o options, s sizes) []phase {
 		}},
 		{"scale", fmt.Sprintf("scale %d jobs of %s on %d hosts of %d linux + %d macos slots", s.scaleJobs, s.scaleDuration, s.scaleHosts, s.scaleLinux, s.scaleMac), func() (bench.Result, error) {
 			return bench.Scale(ctx, env, bench.ScaleOptions{Hosts: s.scaleHosts, Jobs: s.scaleJobs, Duration: s.scaleDuration,
-				LinuxSlots: s.scaleLinux, MacSlots: s.scaleMac, Probes: s.scaleProbes, CPUProfile: o.scaleProfile, Trace: o.scaleTrace, HeapProfileDir: o.heapDir})
+				LinuxSlots: s.scaleLinux, MacSlots: s.scaleMac, Probes: s.scaleProbes, Heartbeat: s.scaleHeartbeat, CPUProfile: o.scaleProfile, Trace: o.scaleTrace, HeapProfileDir: o.heapDir})
 		}},
 	}
 }
@@ -342,6 +367,7 @@ func merge(small, given sizes, set map[string]bool) sizes {
 	pick("scale-linux-slots", &s.scaleLinux, given.scaleLinux)
 	pick("scale-mac-slots", &s.scaleMac, given.scaleMac)
 	pick("scale-probes", &s.scaleProbes, given.scaleProbes)
+	pick("scale-heartbeat", &s.scaleHeartbeat, given.scaleHeartbeat)
 	pick("gobench-time", &s.goBenchTime, given.goBenchTime)
 	pick("phase-timeout", &s.phaseTimeout, given.phaseTimeout)
 	pick("stall", &s.stall, given.stall)

@@ -8,7 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"sync"
+	"sync/atomic"
 
 	"github.com/berth-ci/berth/events"
 	"github.com/klauspost/compress/gzip"
@@ -90,21 +90,37 @@ func PutSnapshot(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyVa
 	return deleteParts(ctx, kv, key, prev)
 }
 
-// gzipWriters keeps compressors between snapshots. A new one allocates
-// about 1 MB of tables, for an agent's snapshot of a few kilobytes as for
-// a dispatcher's of megabytes; a process that runs many loops (the
-// bench's world process runs 500 agents, each saving once a minute)
-// spent a third of its CPU making and clearing them.
-var gzipWriters = sync.Pool{New: func() any { return gzip.NewWriter(io.Discard) }}
+// compressors keeps up to four gzip writers between snapshots. A new one
+// allocates about 1 MB of tables, for an agent's snapshot of a few
+// kilobytes as for a dispatcher's of megabytes; a process that runs many
+// loops (the bench's world process runs 500 agents, each saving once a
+// minute) spent a third of its CPU making and clearing them. A bounded
+// list, not a sync.Pool: the pool is emptied by every other collection,
+// and a loop saves once a minute, so it would make one each time anyway.
+// A process keeps at most 4 MB for them.
+var compressors = make(chan *gzip.Writer, 4)
 
-// gzipSnapshot compresses b with a pooled writer.
+// compressorsMade counts the gzip writers made (for the test that they are
+// reused).
+var compressorsMade atomic.Int64
+
+// gzipSnapshot compresses b with a reused writer.
 func gzipSnapshot(b []byte) (*bytes.Buffer, error) {
 	z := &bytes.Buffer{}
-	zw := gzipWriters.Get().(*gzip.Writer)
-	zw.Reset(z)
+	var zw *gzip.Writer
+	select {
+	case zw = <-compressors:
+		zw.Reset(z)
+	default:
+		compressorsMade.Add(1)
+		zw = gzip.NewWriter(z)
+	}
 	defer func() {
-		zw.Reset(io.Discard) // the pool must not keep z alive
-		gzipWriters.Put(zw)
+		zw.Reset(io.Discard) // the list must not keep z alive
+		select {
+		case compressors <- zw:
+		default: // four are kept already
+		}
 	}()
 	if _, err := zw.Write(b); err != nil {
 		return nil, err

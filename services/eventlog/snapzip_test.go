@@ -3,7 +3,6 @@ package eventlog
 import (
 	"bytes"
 	"io"
-	"runtime"
 	"testing"
 
 	"github.com/klauspost/compress/gzip"
@@ -11,33 +10,25 @@ import (
 
 // Given a process that saves many small snapshots (an agent's fold is a
 // few kilobytes; the bench runs 500 agents in one process), when each is
-// compressed, then it costs about its own size, not a new compressor's
-// tables (about 1 MB each): the compressors are reused.
+// compressed, then the compressors are reused, not made anew (a new one
+// allocates about 1 MB of tables), and each snapshot still reads back.
 func TestASmallSnapshotIsCompressedWithoutNewTables(t *testing.T) {
 	snap := bytes.Repeat([]byte(`{"attempt":"12345-1","host":"host-7","pool":"linux"},`), 80) // about 4 KB
-	if _, err := gzipSnapshot(snap); err != nil {                                             // the first makes the pool's compressor
-		t.Fatal(err)
-	}
 	const n = 50
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	zs := make([]*bytes.Buffer, n)
-	for i := range zs {
+	before := compressorsMade.Load()
+	for range n {
 		z, err := gzipSnapshot(snap)
 		if err != nil {
 			t.Fatal(err)
 		}
-		zs[i] = z
-	}
-	runtime.ReadMemStats(&after)
-	for _, z := range zs {
 		if back := gunzip(t, z.Bytes()); !bytes.Equal(back, snap) {
 			t.Fatalf("round trip: %d bytes back, want the %d stored", len(back), len(snap))
 		}
 	}
-	// A GC in the loop may empty the pool once; allow one new compressor.
-	if per := (after.TotalAlloc - before.TotalAlloc) / n; per > 64<<10 {
-		t.Fatalf("%d bytes allocated per compression of a %d-byte snapshot, want under 64 KiB (a new compressor's tables are about 1 MB)", per, len(snap))
+	// Loops of other tests in this package may snapshot meanwhile and
+	// hold some of the kept writers: a few new ones, not one a snapshot.
+	if made := compressorsMade.Load() - before; made > 5 {
+		t.Fatalf("%d compressors made for %d snapshots, want them reused (at most 5 new)", made, n)
 	}
 }
 

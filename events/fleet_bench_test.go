@@ -261,9 +261,9 @@ func BenchmarkMarshalLifecycle(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(evs)), "ns/event")
 }
 
-// BenchmarkStatus derives the operator's view (the dispatcher's metrics and
-// the watchdog's health call it after every decision) from fleets of growing
-// size.
+// BenchmarkStatus derives the operator's view from fleets of growing size:
+// whole (the page, /status, the CLI), and as counts alone (StatusCounts:
+// the dispatcher's metrics and the watchdog's health, once a second).
 func BenchmarkStatus(b *testing.B) {
 	for _, n := range []int{100, 1000, 10000} {
 		b.Run("jobs="+strconv.Itoa(n), func(b *testing.B) {
@@ -272,6 +272,14 @@ func BenchmarkStatus(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				_ = f.Status()
+			}
+		})
+		b.Run("counts/jobs="+strconv.Itoa(n), func(b *testing.B) {
+			f := benchFleet(n)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				_ = f.StatusCounts()
 			}
 		})
 	}

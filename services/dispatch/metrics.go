@@ -112,7 +112,7 @@ func (m *Metrics) observeBudget(b *Budget, now time.Time) {
 // observe sets the gauges from the fold; warm gives each pool's warm target
 // at now, for the target and refill-lag gauges.
 func (m *Metrics) observe(f *events.Fleet, warm map[string]WarmPool, now time.Time) {
-	st := f.Status()
+	st := f.StatusCounts()
 	for _, p := range st.Pools {
 		if w, ok := warm[p.Name]; ok {
 			target := w.Target(now)

@@ -243,7 +243,7 @@ func (w *Watchdog) Decide(ctx context.Context) {
 		return
 	}
 	w.lastObserve = now
-	st := w.Fold.Status()
+	st := w.Fold.StatusCounts()
 	hosts := w.liveness(now, seen)
 	w.Metrics.observe(st)
 	w.Metrics.observeLiveness(hosts)

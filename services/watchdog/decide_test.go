@@ -379,3 +379,17 @@ func attempts(rs []events.SlotReleased) []string {
 	}
 	return out
 }
+
+// Jobs a booked runner that has not taken a job yet will serve are not
+// waiting for a slot: the report counts only the rest.
+func TestABookedRunnerLeavesItsJobOutOfTheWaitingReport(t *testing.T) {
+	after := params.DemandWaitingAfter
+	l := given().at(0, host("h-a")).
+		at(0, &events.JobQueued{JobRef: job(1)}, &events.JobQueued{JobRef: job(2)}).
+		at(time.Second, reserve(1, "h-a"), &events.AttemptPlaced{AttemptRef: aref(1, "h-a"), JobID: 1})
+
+	plan := l.decide(after+time.Minute, nil)
+	if len(plan.Demand) != 1 || plan.Demand[0].Jobs != 1 {
+		t.Fatalf("demand %+v, want one report of 1 job (the other has a runner booked)", plan.Demand)
+	}
+}

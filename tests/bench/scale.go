@@ -140,13 +140,13 @@ func Scale(ctx context.Context, e Env, o ScaleOptions) (Result, error) {
 		return res, err
 	}
 
-	fillLat, probeLat, firstEnd := scaleLatencies(tl, isFill)
-	if firstEnd.Before(probesDone) {
+	fillTL, probeTL := splitTimeline(tl, isFill)
+	if firstEnd := firstCompleted(fillTL); firstEnd.Before(probesDone) {
 		return res, fmt.Errorf("scale: a job of the fill finished while probes were still served, so they did not all run under the full load; raise -scale-duration above %s",
 			(filled + probesDone.Sub(probeStart)).Round(time.Second))
 	}
-	res.Rows = append(res.Rows, r.rows(filled, fillLat, probeLat, probeReserve(tl, isFill), scaleHeaps{idle: idle, loaded: loaded, after: after, noSim: noSim})...)
-	res.Notes = append(res.Notes, slowestProbes(tl, isFill, probeStart, 5), r.cpuNote())
+	res.Rows = append(res.Rows, r.rows(filled, fillTL, probeTL, scaleHeaps{idle: idle, loaded: loaded, after: after, noSim: noSim})...)
+	res.Notes = append(res.Notes, slowestProbes(probeTL, probeStart, 5), r.cpuNote())
 	n := float64(o.Jobs + o.Probes)
 	res.Notes = append(res.Notes, fmt.Sprintf("%d linux and %d macos jobs and probes by label match; %.2f facts per job; runner failures %d",
 		perPool["linux"], perPool["macos"], float64(last-base)/n, f.RunnerFailures()))
@@ -324,36 +324,28 @@ func (r *scaleRun) drain(ctx context.Context, base uint64) (uint64, Timeline, er
 	return last, BuildTimeline(log), nil
 }
 
-// scaleLatencies splits the dispatch latencies (queued → placed) into the
-// fill's and the probes', and finds when the first job of the fill
-// completed: the probes ran under the full load only if that was after them.
-func scaleLatencies(tl Timeline, isFill map[int64]bool) (fillLat, probeLat []time.Duration, firstEnd time.Time) {
+// splitTimeline parts the run's jobs into the fill's and the probes'.
+func splitTimeline(tl Timeline, isFill map[int64]bool) (fill, probes Timeline) {
+	fill, probes = Timeline{Jobs: map[int64]*JobTimes{}}, Timeline{Jobs: map[int64]*JobTimes{}}
 	for id, j := range tl.Jobs {
-		if j.Queued.IsZero() || j.Placed.IsZero() {
-			continue
-		}
 		if isFill[id] {
-			fillLat = append(fillLat, j.Placed.Sub(j.Queued))
-			if !j.Completed.IsZero() && (firstEnd.IsZero() || j.Completed.Before(firstEnd)) {
-				firstEnd = j.Completed
-			}
+			fill.Jobs[id] = j
 		} else {
-			probeLat = append(probeLat, j.Placed.Sub(j.Queued))
+			probes.Jobs[id] = j
 		}
 	}
-	return fillLat, probeLat, firstEnd
+	return fill, probes
 }
 
-// probeReserve is each probe's part before the GitHub call: webhook
-// accepted → slot reserved stored (Timeline.PlaceParts).
-func probeReserve(tl Timeline, isFill map[int64]bool) []time.Duration {
-	var out []time.Duration
-	for id, j := range tl.Jobs {
-		if !isFill[id] && !j.Queued.IsZero() && !j.Reserved.IsZero() && !j.Placed.IsZero() && !j.Placed.Before(j.Reserved) {
-			out = append(out, j.Reserved.Sub(j.Queued))
+// firstCompleted is when the first job of tl completed: the probes ran
+// under the full load only if the fill's first end came after them.
+func firstCompleted(tl Timeline) (first time.Time) {
+	for _, j := range tl.Jobs {
+		if !j.Completed.IsZero() && (first.IsZero() || j.Completed.Before(first)) {
+			first = j.Completed
 		}
 	}
-	return out
+	return first
 }
 
 // scaleShare compares the probes' part before the GitHub call with the
@@ -374,10 +366,10 @@ func (e Env) scaleShare(d Dist) Row {
 // (after the first probe was offered) and its two halves, so a tail can be
 // told apart: a stall in time (clustered offsets) from one in a part (a
 // half that dominates).
-func slowestProbes(tl Timeline, isFill map[int64]bool, start time.Time, n int) string {
+func slowestProbes(probes Timeline, start time.Time, n int) string {
 	var slow []*JobTimes
-	for id, j := range tl.Jobs {
-		if !isFill[id] && !j.Queued.IsZero() && !j.Placed.IsZero() {
+	for _, j := range probes.Jobs {
+		if !j.Queued.IsZero() && !j.Placed.IsZero() {
 			slow = append(slow, j)
 		}
 	}
@@ -418,17 +410,18 @@ type scaleHeaps struct{ idle, loaded, after, noSim fleetHeap }
 
 // rows are the phase's four figures: fill time, loaded dispatch latency,
 // heap per running job and heap per finished job.
-func (r *scaleRun) rows(filled time.Duration, fillLat, probeLat, probeReserve []time.Duration, h scaleHeaps) []Row {
+func (r *scaleRun) rows(filled time.Duration, fill, probes Timeline, h scaleHeaps) []Row {
+	toReserve, _ := probes.PlaceParts()
 	o := r.o
 	n := float64(o.Jobs + o.Probes)
 	simBytes := (h.after.total() - h.noSim.total()) / n // per job at the end
 	perDone := (h.noSim.total() - h.idle.total()) / n
 	return []Row{
 		{Figure: fmt.Sprintf("Scale: fill, %d jobs at once on %d hosts (first enqueue → the last one running)", o.Jobs, o.Hosts),
-			Value: ms(filled), Reference: fmt.Sprintf("%d slots offered; %s", (o.LinuxSlots+o.MacSlots)*o.Hosts, pq(Summarize(fillLat))+" webhook → placement"),
+			Value: ms(filled), Reference: fmt.Sprintf("%d slots offered; %s", (o.LinuxSlots+o.MacSlots)*o.Hosts, pq(Summarize(fill.PlaceLatency()))+" webhook → placement"),
 			Target: "—"},
-		r.e.scaleLatency(Summarize(probeLat), o, r.rate, r.where()),
-		r.e.scaleShare(Summarize(probeReserve)),
+		r.e.scaleLatency(Summarize(probes.PlaceLatency()), o, r.rate, r.where()),
+		r.e.scaleShare(Summarize(toReserve)),
 		r.liveHeapRow(h, simBytes),
 		{Figure: "Scale: heap per finished job once all finished, settled and quiet, the simulator closed (Berth, its agents included, and NATS)",
 			Value:     bytesStr(perDone),

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/berth-ci/berth/services/run"
@@ -151,8 +152,13 @@ func worldAPI(f *Fleet, startAgents func() error) http.Handler {
 	mux.HandleFunc("POST /settle", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, struct{}{}, f.Settle(r.Context()))
 	})
-	var stopProfile func()
+	var (
+		profMu      sync.Mutex // handlers run concurrently
+		stopProfile = func() {}
+	)
 	mux.HandleFunc("POST /cpuprofile", func(w http.ResponseWriter, r *http.Request) {
+		profMu.Lock()
+		defer profMu.Unlock()
 		stop, err := cpuProfile(r.URL.Query().Get("file"))
 		if err == nil {
 			stopProfile = stop
@@ -160,9 +166,9 @@ func worldAPI(f *Fleet, startAgents func() error) http.Handler {
 		reply(w, struct{}{}, err)
 	})
 	mux.HandleFunc("DELETE /cpuprofile", func(w http.ResponseWriter, r *http.Request) {
-		if stopProfile != nil {
-			stopProfile()
-		}
+		profMu.Lock()
+		defer profMu.Unlock()
+		stopProfile()
 		reply(w, struct{}{}, nil)
 	})
 	mux.HandleFunc("POST /close-sim", func(w http.ResponseWriter, r *http.Request) {
@@ -175,76 +181,11 @@ func worldAPI(f *Fleet, startAgents func() error) http.Handler {
 	return mux
 }
 
-// child is a process the bench started from its own binary: it prints
-// one JSON line on stdout when ready and runs until its stdin closes.
-type child struct {
-	name   string
-	cmd    *exec.Cmd
-	stdin  io.Closer
-	exited chan struct{}
-}
-
-// startChild starts cmdline plus arg, with env added to the bench's
-// environment, and decodes its first line into first, waiting at most
-// 30 s for it.
-func startChild(name string, cmdline, env []string, arg string, first any) (*child, error) {
-	cmd := exec.Command(cmdline[0], append(cmdline[1:len(cmdline):len(cmdline)], arg)...)
-	cmd.Stderr = os.Stderr
-	cmd.Env = append(os.Environ(), env...)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start the %s process (%s): %w", name, cmdline[0], err)
-	}
-	c := &child{name: name, cmd: cmd, stdin: stdin, exited: make(chan struct{})}
-	lines := make(chan []byte, 1)
-	go func() {
-		rd := bufio.NewReader(stdout)
-		line, _ := rd.ReadBytes('\n')
-		lines <- line
-		io.Copy(io.Discard, rd)
-		cmd.Wait()
-		close(c.exited)
-	}()
-	select {
-	case line := <-lines:
-		if err := json.Unmarshal(line, first); err != nil {
-			c.close()
-			return nil, fmt.Errorf("the %s process printed %q, not its addresses (its stderr is above)", name, bytes.TrimSpace(line))
-		}
-	case <-time.After(30 * time.Second):
-		c.close()
-		return nil, fmt.Errorf("the %s process printed no addresses within 30 s (its stderr is above)", name)
-	}
-	return c, nil
-}
-
-// close ends the process: its stdin closes, and it stops what it runs;
-// after 30 s it is killed.
-func (c *child) close() error {
-	c.stdin.Close()
-	select {
-	case <-c.exited:
-	case <-time.After(30 * time.Second):
-		c.cmd.Process.Kill()
-		<-c.exited
-		return fmt.Errorf("the %s process did not stop within 30 s of its stdin closing; killed", c.name)
-	}
-	if s := c.cmd.ProcessState; s != nil && !s.Success() {
-		return fmt.Errorf("the %s process: %s (its stderr is above)", c.name, s)
-	}
-	return nil
-}
-
 // world is the bench's handle on a world process.
 type world struct {
-	*child
+	cmd     *exec.Cmd
+	stdin   io.Closer
+	exited  chan struct{}
 	control string
 	http    *http.Client
 }
@@ -252,26 +193,68 @@ type world struct {
 // startWorld starts the world process (cmdline, then the config as one
 // more argument) on at most procs cores (GOMAXPROCS; 0: every core) and
 // returns it with the simulator's API URL, once the process has printed
-// its addresses.
+// its addresses (within 30 s).
 func startWorld(cmdline []string, procs int, wc WorldConfig) (*world, string, error) {
 	b, err := json.Marshal(wc)
 	if err != nil {
 		return nil, "", err
 	}
-	var addrs worldAddrs
-	var env []string
+	cmd := exec.Command(cmdline[0], append(cmdline[1:len(cmdline):len(cmdline)], string(b))...)
+	cmd.Stderr = os.Stderr
 	if procs > 0 {
-		env = append(env, "GOMAXPROCS="+strconv.Itoa(procs))
+		cmd.Env = append(os.Environ(), "GOMAXPROCS="+strconv.Itoa(procs))
 	}
-	c, err := startChild("world", cmdline, env, string(b), &addrs)
+	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, "", err
 	}
-	if addrs.Control == "" {
-		c.close()
-		return nil, "", errors.New("the world process printed no control address")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, "", err
 	}
-	return &world{child: c, control: addrs.Control, http: &http.Client{Timeout: time.Minute}}, addrs.Sim, nil
+	if err := cmd.Start(); err != nil {
+		return nil, "", fmt.Errorf("start the world process (%s): %w", cmdline[0], err)
+	}
+	w := &world{cmd: cmd, stdin: stdin, exited: make(chan struct{}), http: &http.Client{Timeout: time.Minute}}
+	lines := make(chan []byte, 1)
+	go func() {
+		rd := bufio.NewReader(stdout)
+		line, _ := rd.ReadBytes('\n')
+		lines <- line
+		io.Copy(io.Discard, rd)
+		cmd.Wait()
+		close(w.exited)
+	}()
+	var addrs worldAddrs
+	select {
+	case line := <-lines:
+		if err := json.Unmarshal(line, &addrs); err != nil || addrs.Control == "" {
+			w.close()
+			return nil, "", fmt.Errorf("the world process printed %q, not its addresses (its stderr is above)", bytes.TrimSpace(line))
+		}
+	case <-time.After(30 * time.Second):
+		w.close()
+		return nil, "", errors.New("the world process printed no addresses within 30 s (its stderr is above)")
+	}
+	w.control = addrs.Control
+	return w, addrs.Sim, nil
+}
+
+// close ends the world process: its stdin closes, and it stops its agents
+// and simulator; after 30 s it is killed.
+func (w *world) close() error {
+	w.stdin.Close()
+	select {
+	case <-w.exited:
+	case <-time.After(30 * time.Second):
+		w.cmd.Process.Kill()
+		<-w.exited
+		return errors.New("the world process did not stop within 30 s of its stdin closing; killed")
+	}
+	if s := w.cmd.ProcessState; s != nil && !s.Success() {
+		return fmt.Errorf("the world process: %s (its stderr is above)", s)
+	}
+	return nil
 }
 
 // call sends one control request; in, when not nil, is the JSON body, and

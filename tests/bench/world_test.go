@@ -39,7 +39,7 @@ func TestTheWorldIsDrivenThroughItsControlAPI(t *testing.T) {
 		t.Fatalf("the world's first line: %v", err)
 	}
 	go io.Copy(io.Discard, outR)
-	w := &world{child: &child{name: "world"}, control: addrs.Control, http: &http.Client{Timeout: 10 * time.Second}}
+	w := &world{control: addrs.Control, http: &http.Client{Timeout: 10 * time.Second}}
 
 	var id int64
 	if err := w.call(ctx, http.MethodPost, "/enqueue", ghsim.JobSpec{Labels: LinuxLabels}, &id); err != nil || id == 0 {

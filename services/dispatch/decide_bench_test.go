@@ -14,7 +14,10 @@ import (
 // they are for the retention (72 h); in the "retained" shape all but one are
 // completed; in the "running" shape all but one run (the scale phase: 10,000
 // concurrent jobs); in the "backlog" shape 100 run and fill the fleet and
-// the rest wait (issue 19: a round must not walk the backlog). Decide runs after every batch of facts, so its cost per call is
+// the rest wait (issue 19: a round must not walk the backlog); in the
+// "wide" shape all but one run on 500 hosts, one slot free on each, and
+// the one queued job is booked (issue 19: a booking must not walk every
+// host). Decide runs after every batch of facts, so its cost per call is
 // what the dispatcher's loop pays per batch.
 func benchFleet(n int, shape string) *events.Fleet {
 	f := events.NewFleet()
@@ -27,15 +30,19 @@ func benchFleet(n int, shape string) *events.Fleet {
 			f.Apply(e)
 		}
 	}
-	slots := n/10 + 10
-	if shape == "backlog" {
+	hosts, slots := 10, n/10+10
+	switch shape {
+	case "backlog":
 		slots = 10
+	case "wide":
+		hosts = 500
+		slots = n/hosts + 1
 	}
-	for i := 0; i < 10; i++ {
+	for i := 0; i < hosts; i++ {
 		add(host("h-"+strconv.Itoa(i), slots, slots))
 	}
 	for i := 0; i < n; i++ {
-		id, h := int64(i+1), "h-"+strconv.Itoa(i%10)
+		id, h := int64(i+1), "h-"+strconv.Itoa(i%hosts)
 		switch {
 		case shape == "backlog" && i < 100:
 			add(running(id, h)...)
@@ -43,7 +50,7 @@ func benchFleet(n int, shape string) *events.Fleet {
 			add(queued(id))
 		case shape == "mix" && i%10 == 0, shape != "mix" && i == 0:
 			add(queued(id))
-		case shape == "mix" && i%10 == 1, shape == "running":
+		case shape == "mix" && i%10 == 1, shape == "running", shape == "wide":
 			add(running(id, h)...)
 		default:
 			add(done(id, h, "success")...)
@@ -59,8 +66,11 @@ func benchFleet(n int, shape string) *events.Fleet {
 }
 
 func BenchmarkDecide(b *testing.B) {
-	for _, shape := range []string{"mix", "retained", "running", "backlog"} {
+	for _, shape := range []string{"mix", "retained", "running", "backlog", "wide"} {
 		for _, n := range []int{100, 1000, 10000} {
+			if shape == "wide" && n < 1000 {
+				continue // 500 hosts
+			}
 			b.Run(shape+"/jobs="+strconv.Itoa(n), func(b *testing.B) {
 				f := benchFleet(n, shape)
 				b.ReportAllocs()

@@ -3,6 +3,7 @@ package procs
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/cli"
+	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/testkit"
 	execbe "github.com/berth-ci/berth/services/vmagent/backends/exec"
 	"github.com/berth-ci/berth/tests/ghsim"
@@ -296,7 +298,7 @@ func (s *System) Verify() {
 	unschedulable := s.verifyJobs(fleet)
 	s.verifyEmpty("replay", fleet.Status())
 	for _, v := range fleet.Check() {
-		t.Errorf("invariant broken in the log: %s", v)
+		t.Errorf("invariant broken in the log: %s\n%s", v, s.factsNaming(ctx, v.Subject))
 	}
 	s.verifyServices(ctx)
 	s.verifyHosts()
@@ -307,6 +309,31 @@ func (s *System) Verify() {
 		}
 	}
 	t.Logf("verified: %d jobs (%d unschedulable), %d attempts, %d events", len(s.Sim.Jobs()), unschedulable, len(fleet.Attempts), fleet.LastSeq)
+}
+
+// factsNaming lists, one a line, the stored facts whose payload names id
+// (an attempt, a pool or a host): their sequence, subject, type, source,
+// time and payload, so that a broken invariant shows which authors wrote
+// what, in log order.
+func (s *System) factsNaming(ctx context.Context, id string) string {
+	var b strings.Builder
+	needle := strconv.Quote(id)
+	_, err := eventlog.Scan(ctx, s.js, events.SubjectAll, 1, 0, func(d eventlog.Delivered) error {
+		if d.Event.Data == nil {
+			return nil
+		}
+		body, err := json.Marshal(d.Event.Data)
+		if err != nil || !bytes.Contains(body, []byte(needle)) {
+			return nil
+		}
+		fmt.Fprintf(&b, "  seq %d %s %s id %s from %s at %s: %s\n", d.Event.Seq, d.Event.Subject, d.Event.Type(),
+			d.Event.ID, d.Event.Source, d.Event.Time.Format("15:04:05.000"), body)
+		return nil
+	})
+	if err != nil {
+		fmt.Fprintf(&b, "  (the log's facts could not be read: %v)\n", err)
+	}
+	return b.String()
 }
 
 // verifyJobs checks that GitHub and the log agree each job was served

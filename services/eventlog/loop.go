@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -31,9 +32,10 @@ type Reactor interface {
 // restored, so a restart folds only the tail of the log.
 type Snapshotter interface {
 	// SaveFold copies the fold, on the loop, and returns a function that
-	// encodes the copy (called once, off the loop) and the stream
+	// encodes the copy to w (called once, off the loop; w compresses what
+	// it is given, so the encoding need not be held whole) and the stream
 	// sequence it covers.
-	SaveFold() (encode func() ([]byte, error), seq uint64, err error)
+	SaveFold() (encode func(w io.Writer) error, seq uint64, err error)
 	// RestoreFold replaces the fold with a snapshot and returns its sequence.
 	RestoreFold(b []byte) (uint64, error)
 }
@@ -624,7 +626,7 @@ func (l *Loop) save(ctx context.Context, st *snapState) {
 		defer st.puts.Done()
 		defer st.putting.Store(false)
 		start := time.Now()
-		b, err := encode()
+		z, err := gzipSnapshot(encode)
 		st.cost.Store(int64(held + time.Since(start)))
 		if err != nil {
 			slog.Warn("snapshot failed", "key", l.SnapshotKey, "err", err)
@@ -632,7 +634,7 @@ func (l *Loop) save(ctx context.Context, st *snapState) {
 		}
 		kctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		if err := PutSnapshot(kctx, l.JS, st.kv, l.SnapshotKey, seq, b); err != nil {
+		if err := putZipped(kctx, l.JS, st.kv, l.SnapshotKey, seq, z); err != nil {
 			slog.Warn("snapshot not stored; a restart will fold more of the log", "key", l.SnapshotKey, "err", err)
 			return
 		}

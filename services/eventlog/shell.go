@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"time"
@@ -177,12 +178,12 @@ func (s *Shell) refuse(d Delivered, err error) {
 }
 
 // SaveFold implements Snapshotter.
-func (s *Shell) SaveFold() (func() ([]byte, error), uint64, error) {
+func (s *Shell) SaveFold() (func(io.Writer) error, uint64, error) {
 	z, err := events.FreezeSnapshot(s.Fold)
 	if err != nil {
 		return nil, 0, err
 	}
-	return z.Marshal, s.Fold.LastSeq, nil
+	return z.Encode, s.Fold.LastSeq, nil
 }
 
 // RestoreFold implements Snapshotter (called before the loop runs). The

@@ -2,6 +2,7 @@ package eventlog_test
 
 import (
 	"context"
+	"io"
 	"sync"
 	"testing"
 	"time"
@@ -29,14 +30,14 @@ func (r *foldReactor) Apply(d eventlog.Delivered) {
 	}
 }
 func (r *foldReactor) Decide(context.Context) {}
-func (r *foldReactor) SaveFold() (func() ([]byte, error), uint64, error) {
+func (r *foldReactor) SaveFold() (func(io.Writer) error, uint64, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	z, err := events.FreezeSnapshot(r.fleet)
 	if err != nil {
 		return nil, 0, err
 	}
-	return z.Marshal, r.fleet.LastSeq, err
+	return z.Encode, r.fleet.LastSeq, err
 }
 func (r *foldReactor) RestoreFold(b []byte) (uint64, error) {
 	f, err := events.UnmarshalSnapshot(b)
@@ -118,15 +119,15 @@ type blockedEncoder struct {
 	release  chan struct{}
 }
 
-func (r *blockedEncoder) SaveFold() (func() ([]byte, error), uint64, error) {
+func (r *blockedEncoder) SaveFold() (func(io.Writer) error, uint64, error) {
 	encode, seq, err := r.foldReactor.SaveFold()
-	return func() ([]byte, error) {
+	return func(w io.Writer) error {
 		select {
 		case r.encoding <- seq:
 		default: // a later snapshot: not this test's
 		}
 		<-r.release
-		return encode()
+		return encode(w)
 	}, seq, err
 }
 

@@ -130,16 +130,25 @@ func FreezeSnapshot(f *Fleet) (*Frozen, error) {
 	for k, at := range f.history.repos {
 		s.Repos = append(s.Repos, snapRepo{k.installation, k.org, k.repo, at})
 	}
+	// The copies go into one array each, not one allocation each: 20,000
+	// fewer allocations for a fold of 10,000 running jobs. The copy still
+	// holds the loop 14–15 ms at that size on 500 hosts
+	// (BenchmarkFreezeSnapshot): moving the records' bytes, and encoding
+	// the hosts.
+	jobs := make([]Job, len(f.Jobs))
 	s.Jobs = make([]*Job, 0, len(f.Jobs))
 	for _, j := range f.Jobs {
-		c := *j
-		s.Jobs = append(s.Jobs, &c)
+		c := &jobs[len(s.Jobs)]
+		*c = *j
+		s.Jobs = append(s.Jobs, c)
 	}
+	attempts := make([]Attempt, len(f.Attempts))
 	s.Attempts = make([]snapAttempt, 0, len(f.Attempts))
 	for _, a := range f.Attempts {
-		c := *a
+		c := &attempts[len(s.Attempts)]
+		*c = *a
 		c.releases = nil
-		sa := snapAttempt{Attempt: &c}
+		sa := snapAttempt{Attempt: c}
 		for k := range a.releases {
 			sa.ReleaseKeys = append(sa.ReleaseKeys, k)
 		}

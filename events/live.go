@@ -3,6 +3,8 @@ package events
 import (
 	"iter"
 	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/btree"
@@ -33,10 +35,42 @@ type live struct {
 	// roomy holds, per pool, the hosts a booking there may go to: they
 	// offer the pool, accept placements, have a curve key to seal to, a
 	// free slot of the pool and physical room. filed is the pools each
-	// host is in.
+	// host is in. ranked orders the same hosts per pool as a booking ranks
+	// them (RoomRank), those whose machine or image is degraded apart in
+	// degraded; rankOf is the rank each was filed under, to find it again.
 	roomy      map[string]map[string]*Host
 	filed      map[string][]string
+	ranked     map[string][]RoomEntry
+	degraded   map[string]map[string]*Host
+	rankOf     map[[2]string]RoomRank
 	dirtyHosts map[string]struct{}
+}
+
+// RoomRank is how a booking in a pool ranks a host with room there, as
+// far as the fold says: the most free slots of the pool first, then the
+// shortest failure streak (HostHealth.Streak), then the name. A round's
+// own bookings only lower Free. Degraded: the host or its image for the
+// pool is degraded, so it takes a booking only as a probe.
+type RoomRank struct {
+	Free, Streak int
+	Degraded     bool
+}
+
+// RoomEntry is a host's place in its pool's ranking (HostsByRoom).
+type RoomEntry struct {
+	Rank RoomRank
+	Host *Host
+}
+
+// cmpRoom orders a pool's ranking: best first.
+func cmpRoom(a, b RoomEntry) int {
+	switch {
+	case a.Rank.Free != b.Rank.Free:
+		return b.Rank.Free - a.Rank.Free
+	case a.Rank.Streak != b.Rank.Streak:
+		return a.Rank.Streak - b.Rank.Streak
+	}
+	return strings.Compare(a.Host.Name, b.Host.Name)
 }
 
 // demandIndex keeps the jobs in demand (Job.Demand) per pool their labels
@@ -178,7 +212,8 @@ func (f *Fleet) settle() {
 	if !l.built {
 		*l = live{built: true, jobs: map[int64]*Job{}, attempts: map[string]*Attempt{}, vms: map[string]*Attempt{}, unquiet: map[string]*Attempt{},
 			dirtyJobs: map[int64]struct{}{}, dirtyAttempts: map[string]struct{}{}, conflicts: map[int64]*Job{}, shapeless: map[int64]*Job{},
-			roomy: map[string]map[string]*Host{}, filed: map[string][]string{}, dirtyHosts: map[string]struct{}{}}
+			roomy: map[string]map[string]*Host{}, filed: map[string][]string{}, dirtyHosts: map[string]struct{}{},
+			ranked: map[string][]RoomEntry{}, degraded: map[string]map[string]*Host{}, rankOf: map[[2]string]RoomRank{}}
 		for _, h := range f.Hosts {
 			f.fileHost(h)
 		}
@@ -355,21 +390,54 @@ func (h *Host) hasRoom(pool string) bool {
 	return ok && h.Accepts() && h.CurveKey != "" && ps.Slots-h.Held[pool] > 0 && h.PhysicalCap-h.Booked > 0
 }
 
-// fileHost moves h to the pools it has room in now.
+// RankForRoom is how a booking in pool ranks h (RoomRank), and whether h
+// has room there at all (HostsWithRoom).
+func (h *Host) RankForRoom(pool string) (RoomRank, bool) {
+	if !h.hasRoom(pool) {
+		return RoomRank{}, false
+	}
+	streak, _, _ := h.Health.Streak(time.Time{})
+	return RoomRank{Free: h.Pools[pool].Slots - h.Held[pool], Streak: streak,
+		Degraded: h.Health.Degraded || h.ImageDegraded(pool) != nil}, true
+}
+
+// fileHost moves h to the pools it has room in now, under its rank.
 func (f *Fleet) fileHost(h *Host) {
 	l := &f.live
 	for _, pool := range l.filed[h.Name] {
 		delete(l.roomy[pool], h.Name)
+		key := [2]string{h.Name, pool}
+		if r := l.rankOf[key]; r.Degraded {
+			delete(l.degraded[pool], h.Name)
+		} else if i, found := slices.BinarySearchFunc(l.ranked[pool], RoomEntry{r, h}, cmpRoom); found {
+			l.ranked[pool] = slices.Delete(l.ranked[pool], i, i+1)
+		}
+		delete(l.rankOf, key)
 	}
 	filed := l.filed[h.Name][:0]
 	for pool := range h.Pools {
-		if !h.hasRoom(pool) {
+		r, ok := h.RankForRoom(pool)
+		if !ok {
 			continue
 		}
 		if l.roomy[pool] == nil {
 			l.roomy[pool] = map[string]*Host{}
 		}
 		l.roomy[pool][h.Name] = h
+		l.rankOf[[2]string{h.Name, pool}] = r
+		switch {
+		case r.Degraded && l.degraded[pool] == nil:
+			l.degraded[pool] = map[string]*Host{h.Name: h}
+		case r.Degraded:
+			l.degraded[pool][h.Name] = h
+		default:
+			// A sorted slice, not a tree: a booking reads it with no
+			// allocation and stops early; moving a host shifts at most
+			// a few thousand words.
+			e := RoomEntry{r, h}
+			i, _ := slices.BinarySearchFunc(l.ranked[pool], e, cmpRoom)
+			l.ranked[pool] = slices.Insert(l.ranked[pool], i, e)
+		}
 		filed = append(filed, pool)
 	}
 	l.filed[h.Name] = filed
@@ -383,6 +451,24 @@ func (f *Fleet) fileHost(h *Host) {
 func (f *Fleet) HostsWithRoom(pool string) iter.Seq[*Host] {
 	f.settle()
 	return maps.Values(f.live.roomy[pool])
+}
+
+// HostsByRoom is the hosts with room in pool that are not degraded, best
+// first by RoomRank, each with its rank: a booking stops at the first
+// whose rank cannot beat what it found. The slice and its hosts must not
+// be modified, and hold only until the next Apply.
+func (f *Fleet) HostsByRoom(pool string) []RoomEntry {
+	f.settle()
+	return f.live.ranked[pool]
+}
+
+// DegradedWithRoom is the hosts with room in pool whose machine or image
+// for pool is degraded (RoomRank.Degraded), by name: few, and each takes a
+// booking only as a probe. The map and its hosts must not be modified,
+// and hold only until the next Apply.
+func (f *Fleet) DegradedWithRoom(pool string) map[string]*Host {
+	f.settle()
+	return f.live.degraded[pool]
 }
 
 // emptied empties a set of marks: in place, or, once it held more than a

@@ -44,6 +44,7 @@ type mHost struct {
 	slots    map[string]int
 	physical int
 	cordoned bool
+	degraded bool
 	boots    int
 }
 
@@ -93,7 +94,11 @@ func (m *model) releaseFact(a *mAttempt, reason string) {
 	if reason == events.ReleaseCompleted {
 		jobID = a.took
 	}
-	m.next(&events.SlotReleased{Pool: a.ref.Pool, Host: a.ref.Host, Attempt: a.ref.Attempt, Reason: reason, JobID: jobID})
+	culprit := ""
+	if reason == events.ReleaseCreateFailed || reason == events.ReleaseProvisionTimeout {
+		culprit = events.CulpritHost // as the deciders charge them: the host's failure streak grows
+	}
+	m.next(&events.SlotReleased{Pool: a.ref.Pool, Host: a.ref.Host, Attempt: a.ref.Attempt, Reason: reason, JobID: jobID, Culprit: culprit})
 }
 
 // actions lists every step the model may take next: the common ones that
@@ -215,6 +220,16 @@ func (m *model) actions() (common, rare, noise []func()) {
 				m.emit(&events.HostCordoned{HostChange: hc})
 			} else {
 				m.emit(&events.HostUncordoned{HostChange: hc})
+			}
+		})
+		addNoise(func() {
+			h.degraded = !h.degraded
+			at := m.tick(0).Add(time.Duration(len(m.hist)) * time.Nanosecond)
+			hc := events.HostChange{Host: h.name, Reason: "failures", At: at}
+			if h.degraded {
+				m.emit(&events.HostDegraded{HostChange: hc, Culprit: events.CulpritHost, Failures: 3})
+			} else {
+				m.emit(&events.HostRecovered{HostChange: hc})
 			}
 		})
 		addNoise(func() {

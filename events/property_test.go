@@ -260,6 +260,7 @@ func requireDemandIndexed(t *rapid.T, f *events.Fleet, after int) {
 		if !reflect.DeepEqual(gotRoom, wantRoom) {
 			t.Fatalf("after %d events: pool %s: the host index has room on %v, a full scan on %v", after, pool, gotRoom, wantRoom)
 		}
+		checkRanking(t, after, f, pool)
 	}
 	wantConflicts, gotConflicts := map[int64]bool{}, map[int64]bool{}
 	for id, j := range f.Jobs {
@@ -273,4 +274,111 @@ func requireDemandIndexed(t *rapid.T, f *events.Fleet, after int) {
 	if !reflect.DeepEqual(gotConflicts, wantConflicts) {
 		t.Fatalf("after %d events: the conflict index holds %v, a full scan finds %v", after, gotConflicts, wantConflicts)
 	}
+}
+
+// checkRanking holds the fold's ranking of the hosts with room in pool
+// (HostsByRoom, DegradedWithRoom) to a full scan: every host RankForRoom
+// says has room, under the rank it says, the degraded ones apart and the
+// others best first.
+func checkRanking(t *rapid.T, after int, f *events.Fleet, pool string) {
+	type ranked struct {
+		name string
+		rank events.RoomRank
+	}
+	var want, got []ranked
+	wantDegraded, gotDegraded := map[string]bool{}, map[string]bool{}
+	for name, h := range f.Hosts {
+		switch r, ok := h.RankForRoom(pool); {
+		case ok && r.Degraded:
+			wantDegraded[name] = true
+		case ok:
+			want = append(want, ranked{name, r})
+		}
+	}
+	slices.SortFunc(want, func(a, b ranked) int {
+		return cmp.Or(-cmp.Compare(a.rank.Free, b.rank.Free), cmp.Compare(a.rank.Streak, b.rank.Streak), cmp.Compare(a.name, b.name))
+	})
+	for _, e := range f.HostsByRoom(pool) {
+		got = append(got, ranked{e.Host.Name, e.Rank})
+	}
+	for name := range f.DegradedWithRoom(pool) {
+		gotDegraded[name] = true
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("after %d events: pool %s: the ranking holds %v, a full scan ranks %v", after, pool, got, want)
+	}
+	if !reflect.DeepEqual(gotDegraded, wantDegraded) {
+		t.Fatalf("after %d events: pool %s: degraded with room: the index holds %v, a full scan finds %v", after, pool, gotDegraded, wantDegraded)
+	}
+}
+
+// Given any run of bookings, releases charged to hosts or not, starts,
+// degradations, recoveries and cordons on four hosts, read at any point,
+// the ranking a booking walks (HostsByRoom, DegradedWithRoom) is what a
+// full scan of the hosts ranks (RankForRoom): no host is left under a
+// rank it no longer has.
+func TestPropertyHostRankingEqualsAFullScan(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		f := events.NewFleet()
+		var seq uint64
+		apply := func(p events.Payload) {
+			seq++
+			e := events.New("test", t0.Add(time.Duration(seq)*time.Second), p)
+			e.Seq = seq
+			f.Apply(e)
+		}
+		hosts := []string{"h-a", "h-b", "h-c", "h-d"}
+		for _, h := range hosts {
+			o := events.HostOnline{Host: h, Boot: "b", PhysicalCap: 8, CurveKey: "X" + h, Backend: "exec",
+				Pools: map[string]events.PoolSlots{"linux": {Labels: []string{"self-hosted", "linux"}, Slots: rapid.IntRange(1, 4).Draw(t, "slots")}}}
+			g := events.GrantClaim(o)
+			apply(&o)
+			apply(&g)
+		}
+		var held []events.AttemptRef
+		for i := range rapid.IntRange(1, 60).Draw(t, "steps") {
+			h := rapid.SampledFrom(hosts).Draw(t, "host")
+			at := t0.Add(time.Duration(i+1) * time.Hour)
+			switch rapid.IntRange(0, 5).Draw(t, "step") {
+			case 0, 1:
+				r := events.AttemptRef{Attempt: events.AttemptID(int64(i+1), 1), Pool: "linux", Host: h}
+				apply(&events.SlotReserved{Pool: "linux", Host: h, Attempt: r.Attempt, JobID: int64(i + 1), N: 1})
+				held = append(held, r)
+			case 2:
+				if len(held) == 0 {
+					continue
+				}
+				k := rapid.IntRange(0, len(held)-1).Draw(t, "release")
+				r := held[k]
+				held = append(held[:k], held[k+1:]...)
+				reason, culprit := events.ReleaseCompleted, ""
+				if rapid.Bool().Draw(t, "failed") {
+					reason, culprit = events.ReleaseCreateFailed, events.CulpritHost
+				}
+				apply(&events.SlotReleased{Pool: "linux", Host: r.Host, Attempt: r.Attempt, Reason: reason, Culprit: culprit})
+			case 3:
+				if len(held) > 0 {
+					apply(&events.AttemptRunnerStarted{AttemptRef: held[len(held)-1], Took: time.Second})
+				}
+			case 4:
+				hc := events.HostChange{Host: h, Reason: "test", At: at}
+				if rapid.Bool().Draw(t, "degrade") {
+					apply(&events.HostDegraded{HostChange: hc, Culprit: events.CulpritHost, Failures: 3})
+				} else {
+					apply(&events.HostRecovered{HostChange: hc})
+				}
+			case 5:
+				hc := events.HostChange{Host: h, Reason: "test", At: at}
+				if rapid.Bool().Draw(t, "cordon") {
+					apply(&events.HostCordoned{HostChange: hc})
+				} else {
+					apply(&events.HostUncordoned{HostChange: hc})
+				}
+			}
+			if rapid.Bool().Draw(t, "read") {
+				checkRanking(t, int(seq), f, "linux")
+			}
+		}
+		checkRanking(t, int(seq), f, "linux")
+	})
 }

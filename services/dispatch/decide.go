@@ -216,9 +216,20 @@ type demandSource interface {
 	// shapeless yields, in any order, the jobs in demand that match no
 	// pool and name a machine shape (unknownShape judges each).
 	shapeless() iter.Seq[*events.Job]
-	// hosts yields, in any order, at least every host with room in pool
-	// (pickHost judges each).
-	hosts(pool string) iter.Seq[*events.Host]
+	// hosts are at least the hosts with room in pool, for pickHost.
+	hosts(pool string) roomFor
+}
+
+// roomFor is where a booking in a pool may go, as the fold had it when the
+// round began (the round's own bookings are counted apart, in booked and
+// heldNow): ranked holds the hosts with room that are not degraded, best
+// first by events.RoomRank, each with the rank it was filed under, so
+// that pickHost stops at the first that cannot beat what it found;
+// degraded holds those whose machine or image is degraded (each takes a
+// probe at most).
+type roomFor struct {
+	ranked   []events.RoomEntry
+	degraded map[string]*events.Host
 }
 
 // foldDemand reads demand from the indexes the fold keeps, so a round
@@ -229,7 +240,9 @@ func (d foldDemand) count(pool string) int                    { return d.f.Deman
 func (d foldDemand) oldest(pool string) iter.Seq[*events.Job] { return d.f.DemandOldest(pool) }
 func (d foldDemand) conflicts() iter.Seq[*events.Job]         { return d.f.ConflictJobs() }
 func (d foldDemand) shapeless() iter.Seq[*events.Job]         { return d.f.ShapelessJobs() }
-func (d foldDemand) hosts(pool string) iter.Seq[*events.Host] { return d.f.HostsWithRoom(pool) }
+func (d foldDemand) hosts(pool string) roomFor {
+	return roomFor{ranked: d.f.HostsByRoom(pool), degraded: d.f.DegradedWithRoom(pool)}
+}
 
 func decide(f *events.Fleet, p Params, demand demandSource) Plan {
 	if p.MaxAttempts <= 0 {
@@ -238,7 +251,7 @@ func decide(f *events.Fleet, p Params, demand demandSource) Plan {
 	pl := &planner{f: f, p: p, demand: demand, labels: f.PoolLabels(), unbound: map[string][]*events.Attempt{},
 		warm: map[string][]*events.Attempt{}, ownUnbound: map[int64]bool{}, expiring: map[string]bool{},
 		unminted: map[string]int{}, failedNow: map[int64]int{}, booked: map[string]int{}, heldNow: map[[2]string]int{},
-		starting: map[string]int{}, unboundAt: map[[2]string]int{}, hosts: map[string][]*events.Host{}}
+		starting: map[string]int{}, unboundAt: map[[2]string]int{}, rooms: map[string]roomFor{}}
 	pl.conflicts()
 	pl.unknownShapes()
 	for a := range f.UnquietAttempts() {
@@ -302,21 +315,21 @@ type planner struct {
 	failedNow     map[int64]int   // job → failed attempts this plan releases
 	booked        map[string]int  // host → attempts booked in this plan
 	heldNow       map[[2]string]int
-	starting      map[string]int            // host → held attempts whose runner has not started (a probe in flight)
-	unboundAt     map[[2]string]int         // host, pool → held attempts no job took (an image's probe in flight)
-	hosts         map[string][]*events.Host // pool → the hosts with room, read once a round
+	starting      map[string]int     // host → held attempts whose runner has not started (a probe in flight)
+	unboundAt     map[[2]string]int  // host, pool → held attempts no job took (an image's probe in flight)
+	rooms         map[string]roomFor // pool → where its bookings may go
+	probe         func(h *events.Host, pool string) bool
 }
 
-// candidates are the hosts a booking in pool may go to, as the fold had
-// them when the round began (the round's own bookings are counted apart,
-// in booked and heldNow).
-func (pl *planner) candidates(pool string) []*events.Host {
-	hs, ok := pl.hosts[pool]
+// candidates are where a booking in pool may go (roomFor), read once a
+// round.
+func (pl *planner) candidates(pool string) roomFor {
+	r, ok := pl.rooms[pool]
 	if !ok {
-		hs = slices.Collect(pl.demand.hosts(pool))
-		pl.hosts[pool] = hs
+		r = pl.demand.hosts(pool)
+		pl.rooms[pool] = r
 	}
-	return hs
+	return r
 }
 
 // conflicts records jobs GitHub reported on a runner bound to another job,
@@ -578,7 +591,10 @@ func (pl *planner) bookJob(pool string, j *events.Job, free []*events.Attempt) (
 		pl.unminted[pool]++
 		return free[1:], true
 	}
-	host := pickHost(pl.candidates(pool), pool, pl.booked, pl.heldNow, false, pl.probeDue)
+	if pl.probe == nil {
+		pl.probe = pl.probeDue // made once a round: a method value passed on is an allocation
+	}
+	host := pickHost(pl.candidates(pool), pool, pl.booked, pl.heldNow, false, pl.probe)
 	if host == "" {
 		return free, false
 	}
@@ -638,52 +654,87 @@ func hostWithdrawn(f *events.Fleet, a *events.Attempt) string {
 // unless probe says a probe placement is due there, and then it comes
 // first: its one probe proves it healthy or not (nil: degraded hosts are
 // left out). So is a host whose image for pool is degraded (GitHub refused
-// its runners' version, events.ImageHealth). warm asks for a host whose backend can keep warm VMs; only,
-// when set, considers that host alone. hosts are the candidates: the
-// fold's hosts with room in pool (a round walks those, not the fleet).
-func pickHost(hosts []*events.Host, pool string, booked map[string]int, heldNow map[[2]string]int, warm bool,
+// its runners' version, events.ImageHealth). warm asks for a host whose
+// backend can keep warm VMs; only, when set, considers that host alone.
+// It walks the degraded hosts, then the ranked ones until one's rank
+// cannot beat the best found: the round's own bookings only lower a
+// host's rank, so none after it can (issue 19: a booking among 500 hosts
+// walked all 500: 43–76 µs a round, BenchmarkDecide/wide).
+func pickHost(room roomFor, pool string, booked map[string]int, heldNow map[[2]string]int, warm bool,
 	probe func(h *events.Host, pool string) bool, only ...string) string {
-	type rank struct {
-		probe        bool
-		free, streak int
-		name         string
+	p := picker{pool: pool, booked: booked, heldNow: heldNow, warm: warm, probe: probe}
+	if len(only) > 0 {
+		p.only = only[0]
 	}
-	better := func(a, b rank) bool {
-		switch {
-		case a.probe != b.probe:
-			return a.probe
-		case a.free != b.free:
-			return a.free > b.free
-		case a.streak != b.streak:
-			return a.streak < b.streak
-		}
-		return a.name < b.name
+	for _, h := range room.degraded {
+		p.consider(h)
 	}
-	var best rank
-	for _, h := range hosts {
-		name := h.Name
-		ps, ok := h.Pools[pool]
-		if !ok || !h.Accepts() || h.CurveKey == "" || (warm && !h.Assign) || (len(only) > 0 && name != only[0]) {
-			continue
-		}
-		free := ps.Slots - h.Held[pool] - heldNow[[2]string{name, pool}]
-		room := h.PhysicalCap - h.Booked - booked[name]
-		if free <= 0 || room <= 0 || !fitsShape(h, pool, heldNow) {
-			continue
-		}
-		r := rank{free: free, name: name}
-		if h.Health.Degraded || h.ImageDegraded(pool) != nil {
-			if probe == nil || !probe(h, pool) {
-				continue
-			}
-			r.probe = true
-		}
-		r.streak, _, _ = h.Health.Streak(time.Time{})
-		if best.name == "" || better(r, best) {
-			best = r
-		}
+	if p.best.probe {
+		return p.best.name
 	}
-	return best.name
+	for _, e := range room.ranked {
+		if p.best.name != "" && !(hostRank{free: e.Rank.Free, streak: e.Rank.Streak, name: e.Host.Name}).better(p.best) {
+			break
+		}
+		p.consider(e.Host)
+	}
+	return p.best.name
+}
+
+// picker is one pickHost call: what it judges hosts by, and the best
+// found so far.
+type picker struct {
+	pool    string
+	booked  map[string]int
+	heldNow map[[2]string]int
+	warm    bool
+	probe   func(h *events.Host, pool string) bool
+	only    string
+	best    hostRank
+}
+
+// consider judges h as pickHost says, and keeps it if it is the best yet.
+func (p *picker) consider(h *events.Host) {
+	name, pool := h.Name, p.pool
+	ps, ok := h.Pools[pool]
+	if !ok || !h.Accepts() || h.CurveKey == "" || (p.warm && !h.Assign) || (p.only != "" && name != p.only) {
+		return
+	}
+	free := ps.Slots - h.Held[pool] - p.heldNow[[2]string{name, pool}]
+	room := h.PhysicalCap - h.Booked - p.booked[name]
+	if free <= 0 || room <= 0 || !fitsShape(h, pool, p.heldNow) {
+		return
+	}
+	r := hostRank{free: free, name: name}
+	if h.Health.Degraded || h.ImageDegraded(pool) != nil {
+		if p.probe == nil || !p.probe(h, pool) {
+			return
+		}
+		r.probe = true
+	}
+	r.streak, _, _ = h.Health.Streak(time.Time{})
+	if p.best.name == "" || r.better(p.best) {
+		p.best = r
+	}
+}
+
+// hostRank orders the hosts a booking may go to (pickHost).
+type hostRank struct {
+	probe        bool
+	free, streak int
+	name         string
+}
+
+func (a hostRank) better(b hostRank) bool {
+	switch {
+	case a.probe != b.probe:
+		return a.probe
+	case a.free != b.free:
+		return a.free > b.free
+	case a.streak != b.streak:
+		return a.streak < b.streak
+	}
+	return a.name < b.name
 }
 
 // probeDue reports whether a degraded host, or a host whose image for pool

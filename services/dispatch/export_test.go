@@ -3,7 +3,7 @@ package dispatch
 import (
 	"container/heap"
 	"iter"
-	"maps"
+	"math"
 
 	"github.com/berth-ci/berth/events"
 )
@@ -91,9 +91,16 @@ func (h *jobHeap) Pop() any {
 	return j
 }
 
-// hosts walks every host, as pickHost did before the fold kept the hosts
-// with room.
-func (s scanDemand) hosts(string) iter.Seq[*events.Host] { return maps.Values(s.f.Hosts) }
+// hosts has pickHost walk every host, as it did before the fold kept the
+// hosts with room in rank order: each under a rank no host beats, so the
+// walk never stops early, and none apart as degraded.
+func (s scanDemand) hosts(string) roomFor {
+	var all []events.RoomEntry
+	for _, h := range s.f.Hosts {
+		all = append(all, events.RoomEntry{Rank: events.RoomRank{Free: math.MaxInt}, Host: h})
+	}
+	return roomFor{ranked: all}
+}
 
 // JobFactOf is the fact the intake stores for a workflow_job payload, by
 // its own decoding.

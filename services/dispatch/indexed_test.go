@@ -81,10 +81,15 @@ func TestPropertyIndexedDecideEqualsTheFullScan(t *testing.T) {
 						pools[name] = events.PoolSlots{Labels: labelSets[rapid.IntRange(0, 3).Draw(t, name+" labels")], Slots: rapid.IntRange(0, 2).Draw(t, "slots")}
 					}
 				}
-				add(&events.HostOnline{Host: host, Boot: fmt.Sprintf("boot-%d", seq), PhysicalCap: rapid.IntRange(1, 4).Draw(t, "physical"),
-					CurveKey: "X" + host, Backend: "exec", Pools: pools, Assign: rapid.Bool().Draw(t, "assign")})
+				o := events.HostOnline{Host: host, Boot: fmt.Sprintf("boot-%d", seq), PhysicalCap: rapid.IntRange(1, 4).Draw(t, "physical"),
+					CurveKey: "X" + host, Backend: "exec", Pools: pools, Assign: rapid.Bool().Draw(t, "assign")}
+				add(&o)
+				if rapid.IntRange(0, 3).Draw(t, "granted") > 0 { // an operator grants what it claims
+					g := events.GrantClaim(o)
+					add(&g)
+				}
 			case 6:
-				switch rapid.IntRange(0, 3).Draw(t, "host change") {
+				switch rapid.IntRange(0, 5).Draw(t, "host change") {
 				case 0:
 					add(&events.HostCordoned{HostChange: events.HostChange{Host: host, Reason: "test"}})
 				case 1:
@@ -93,6 +98,10 @@ func TestPropertyIndexedDecideEqualsTheFullScan(t *testing.T) {
 					add(&events.HostDraining{HostChange: events.HostChange{Host: host}})
 				case 3:
 					add(&events.HostLost{HostChange: events.HostChange{Host: host}})
+				case 4:
+					add(&events.HostDegraded{HostChange: events.HostChange{Host: host, At: now}, Culprit: events.CulpritHost, Failures: 3})
+				case 5:
+					add(&events.HostRecovered{HostChange: events.HostChange{Host: host, At: now}})
 				}
 			case 7, 8:
 				// The plan is appended, each fact or not (a lost append).

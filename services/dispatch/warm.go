@@ -101,7 +101,7 @@ func claimOrder(as []*events.Attempt) {
 // the maximum idle age, and releases idle surplus oldest first. It never
 // touches a claimed VM: those serve jobs (scale-down never strands demand).
 func (plan *Plan) refill(f *events.Fleet, p Params, pool string, labels []string, free []*events.Attempt,
-	booked map[string]int, heldNow map[[2]string]int, candidates func(pool string) []*events.Host) {
+	booked map[string]int, heldNow map[[2]string]int, candidates func(pool string) roomFor) {
 	w := p.Warm[pool]
 	target := w.Target(p.Now)
 	var keep []*events.Attempt

@@ -188,3 +188,30 @@ func tail(path string, n int) string {
 	}
 	return string(bytes.Join(lines, []byte("\n")))
 }
+
+// logMarkers are what a service logs when it skips, refuses or parks a
+// fact, or a reaction panics: a failed system test prints each such line
+// from the whole log, since the last lines rarely hold them.
+var logMarkers = [][]byte{[]byte("skipping event"), []byte("refused"), []byte("parked"), []byte("reacting to an event failed")}
+
+// marked is the first n lines of the file at path that hold any of
+// markers, or "".
+func marked(path string, markers [][]byte, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var out [][]byte
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		for _, m := range markers {
+			if bytes.Contains(line, m) {
+				out = append(out, line)
+				break
+			}
+		}
+		if len(out) == n {
+			break
+		}
+	}
+	return string(bytes.Join(out, []byte("\n")))
+}

@@ -562,6 +562,9 @@ func (s *System) cleanup() {
 	}
 	if t.Failed() || os.Getenv("BERTH_PROCS_LOGS") != "" {
 		for _, p := range s.Procs() {
+			if m := marked(p.Log, logMarkers, 40); m != "" {
+				t.Logf("--- %s (%s), every line that says a fact was skipped, refused or parked:\n%s", p.Name, p.Log, m)
+			}
 			t.Logf("--- %s (%s), last lines:\n%s", p.Name, p.Log, tail(p.Log, 60))
 		}
 	}

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -334,6 +336,38 @@ func (s *System) factsNaming(ctx context.Context, id string) string {
 		fmt.Fprintf(&b, "  (the log's facts could not be read: %v)\n", err)
 	}
 	return b.String()
+}
+
+// dumpRefused prints, for each attempt some service refused a fact about,
+// every stored fact that names the attempt: what the log held before the
+// refusal and after it. At most three attempts, each read within 20 s.
+func (s *System) dumpRefused() {
+	var logs []string
+	for _, p := range s.Procs() {
+		logs = append(logs, p.Log)
+	}
+	ids := refusedAttempts(logs)
+	for _, id := range ids[:min(len(ids), 3)] {
+		ctx, cancel := context.WithTimeout(s.ctx, 20*time.Second)
+		s.t.Logf("--- the log's facts about attempt %s, which a service refused a fact about:\n%s", id, s.factsNaming(ctx, id))
+		cancel()
+	}
+}
+
+// refusedAttempts is, sorted, every attempt whose subject a "fact refused"
+// line of the logs at paths names.
+func refusedAttempts(paths []string) []string {
+	ids := map[string]bool{}
+	for _, path := range paths {
+		for _, line := range strings.Split(marked(path, [][]byte{[]byte("fact refused")}, 10), "\n") {
+			if _, rest, ok := strings.Cut(line, `"subject":"`+events.SubjectPrefix+`.attempt.`); ok {
+				if parts := strings.SplitN(rest, ".", 3); len(parts) == 3 {
+					ids[parts[1]] = true // host, attempt, role
+				}
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(ids))
 }
 
 // verifyJobs checks that GitHub and the log agree each job was served

@@ -26,3 +26,16 @@ func TestASkippedFactIsFoundAnywhereInTheLog(t *testing.T) {
 		t.Fatal("the test's premise: the skip is not among the last lines")
 	}
 }
+
+// Given a watchdog's log that refused an agent's stop of an attempt, when a
+// failed test looks for what to print, then it names that attempt.
+func TestARefusedFactNamesItsAttempt(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "watchdog-0.log")
+	line := `{"level":"ERROR","msg":"fact refused and parked: the fold skips it","seq":1654,"subject":"berth.evt.attempt.host-a.berth-20019507108-1.agent","type":"berth.attempt.stopped.v1"}`
+	if err := os.WriteFile(path, []byte("{\"msg\":\"appended\"}\n"+line+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := refusedAttempts([]string{path}); len(got) != 1 || got[0] != "berth-20019507108-1" {
+		t.Fatalf("refused attempts %v, want [berth-20019507108-1]", got)
+	}
+}

@@ -526,6 +526,9 @@ func (s *System) Replay(ctx context.Context) (*events.Fleet, error) {
 // left, and dumps the processes' logs when the test failed.
 func (s *System) cleanup() {
 	t := s.t
+	if t.Failed() {
+		s.dumpRefused()
+	}
 	s.cancel()
 	s.wg.Wait()
 	if s.Sim != nil {

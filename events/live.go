@@ -32,18 +32,22 @@ type live struct {
 	// the shape (events.UnknownShape), kept here so a round need not walk
 	// the backlog to find them.
 	shapeless map[int64]*Job
-	// roomy holds, per pool, the hosts a booking there may go to: they
+	// ranked holds, per pool, the hosts a booking there may go to (they
 	// offer the pool, accept placements, have a curve key to seal to, a
-	// free slot of the pool and physical room. filed is the pools each
-	// host is in. ranked orders the same hosts per pool as a booking ranks
-	// them (RoomRank), those whose machine or image is degraded apart in
-	// degraded; rankOf is the rank each was filed under, to find it again.
-	roomy      map[string]map[string]*Host
-	filed      map[string][]string
+	// free slot of the pool and physical room) as a booking ranks them
+	// (RoomRank), best first; those whose machine or image is degraded
+	// are in degraded instead. filed is, per host, the pools it is filed
+	// in and the rank it was filed under, to find it again.
 	ranked     map[string][]RoomEntry
 	degraded   map[string]map[string]*Host
-	rankOf     map[[2]string]RoomRank
+	filed      map[string][]filing
 	dirtyHosts map[string]struct{}
+}
+
+// filing is where fileHost put a host: a pool and its rank there.
+type filing struct {
+	pool string
+	rank RoomRank
 }
 
 // RoomRank is how a booking in a pool ranks a host with room there, as
@@ -212,8 +216,8 @@ func (f *Fleet) settle() {
 	if !l.built {
 		*l = live{built: true, jobs: map[int64]*Job{}, attempts: map[string]*Attempt{}, vms: map[string]*Attempt{}, unquiet: map[string]*Attempt{},
 			dirtyJobs: map[int64]struct{}{}, dirtyAttempts: map[string]struct{}{}, conflicts: map[int64]*Job{}, shapeless: map[int64]*Job{},
-			roomy: map[string]map[string]*Host{}, filed: map[string][]string{}, dirtyHosts: map[string]struct{}{},
-			ranked: map[string][]RoomEntry{}, degraded: map[string]map[string]*Host{}, rankOf: map[[2]string]RoomRank{}}
+			ranked: map[string][]RoomEntry{}, degraded: map[string]map[string]*Host{}, filed: map[string][]filing{},
+			dirtyHosts: map[string]struct{}{}}
 		for _, h := range f.Hosts {
 			f.fileHost(h)
 		}
@@ -404,15 +408,12 @@ func (h *Host) RankForRoom(pool string) (RoomRank, bool) {
 // fileHost moves h to the pools it has room in now, under its rank.
 func (f *Fleet) fileHost(h *Host) {
 	l := &f.live
-	for _, pool := range l.filed[h.Name] {
-		delete(l.roomy[pool], h.Name)
-		key := [2]string{h.Name, pool}
-		if r := l.rankOf[key]; r.Degraded {
-			delete(l.degraded[pool], h.Name)
-		} else if i, found := slices.BinarySearchFunc(l.ranked[pool], RoomEntry{r, h}, cmpRoom); found {
-			l.ranked[pool] = slices.Delete(l.ranked[pool], i, i+1)
+	for _, fl := range l.filed[h.Name] {
+		if fl.rank.Degraded {
+			delete(l.degraded[fl.pool], h.Name)
+		} else if i, found := slices.BinarySearchFunc(l.ranked[fl.pool], RoomEntry{fl.rank, h}, cmpRoom); found {
+			l.ranked[fl.pool] = slices.Delete(l.ranked[fl.pool], i, i+1)
 		}
-		delete(l.rankOf, key)
 	}
 	filed := l.filed[h.Name][:0]
 	for pool := range h.Pools {
@@ -420,11 +421,6 @@ func (f *Fleet) fileHost(h *Host) {
 		if !ok {
 			continue
 		}
-		if l.roomy[pool] == nil {
-			l.roomy[pool] = map[string]*Host{}
-		}
-		l.roomy[pool][h.Name] = h
-		l.rankOf[[2]string{h.Name, pool}] = r
 		switch {
 		case r.Degraded && l.degraded[pool] == nil:
 			l.degraded[pool] = map[string]*Host{h.Name: h}
@@ -438,7 +434,7 @@ func (f *Fleet) fileHost(h *Host) {
 			i, _ := slices.BinarySearchFunc(l.ranked[pool], e, cmpRoom)
 			l.ranked[pool] = slices.Insert(l.ranked[pool], i, e)
 		}
-		filed = append(filed, pool)
+		filed = append(filed, filing{pool, r})
 	}
 	l.filed[h.Name] = filed
 }
@@ -446,11 +442,23 @@ func (f *Fleet) fileHost(h *Host) {
 // HostsWithRoom yields, in no order, the hosts a booking in pool may go
 // to as far as the fold says: they offer the pool, accept placements
 // (online, not cordoned), have a curve key, a free slot of the pool and
-// physical room. A full fleet yields nothing at no cost. The hosts must
-// not be modified.
+// physical room (HostsByRoom and DegradedWithRoom together). A full fleet
+// yields nothing at no cost. The hosts must not be modified.
 func (f *Fleet) HostsWithRoom(pool string) iter.Seq[*Host] {
 	f.settle()
-	return maps.Values(f.live.roomy[pool])
+	ranked, degraded := f.live.ranked[pool], f.live.degraded[pool]
+	return func(yield func(*Host) bool) {
+		for _, e := range ranked {
+			if !yield(e.Host) {
+				return
+			}
+		}
+		for _, h := range degraded {
+			if !yield(h) {
+				return
+			}
+		}
+	}
 }
 
 // HostsByRoom is the hosts with room in pool that are not degraded, best

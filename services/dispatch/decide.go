@@ -252,6 +252,7 @@ func decide(f *events.Fleet, p Params, demand demandSource) Plan {
 		warm: map[string][]*events.Attempt{}, ownUnbound: map[int64]bool{}, expiring: map[string]bool{},
 		unminted: map[string]int{}, failedNow: map[int64]int{}, booked: map[string]int{}, heldNow: map[[2]string]int{},
 		starting: map[string]int{}, unboundAt: map[[2]string]int{}, rooms: map[string]roomFor{}}
+	pl.probe = pl.probeDue // once a round: a method value handed on is an allocation
 	pl.conflicts()
 	pl.unknownShapes()
 	for a := range f.UnquietAttempts() {
@@ -591,9 +592,6 @@ func (pl *planner) bookJob(pool string, j *events.Job, free []*events.Attempt) (
 		pl.unminted[pool]++
 		return free[1:], true
 	}
-	if pl.probe == nil {
-		pl.probe = pl.probeDue // made once a round: a method value passed on is an allocation
-	}
 	host := pickHost(pl.candidates(pool), pool, pl.booked, pl.heldNow, false, pl.probe)
 	if host == "" {
 		return free, false
@@ -693,26 +691,27 @@ type picker struct {
 	best    hostRank
 }
 
-// consider judges h as pickHost says, and keeps it if it is the best yet.
+// consider judges h as pickHost says, and keeps it if it is the best yet:
+// its rank as the fold files it (events.Host.RankForRoom), less what this
+// round booked there.
 func (p *picker) consider(h *events.Host) {
 	name, pool := h.Name, p.pool
-	ps, ok := h.Pools[pool]
-	if !ok || !h.Accepts() || h.CurveKey == "" || (p.warm && !h.Assign) || (p.only != "" && name != p.only) {
+	rank, ok := h.RankForRoom(pool)
+	if !ok || (p.warm && !h.Assign) || (p.only != "" && name != p.only) {
 		return
 	}
-	free := ps.Slots - h.Held[pool] - p.heldNow[[2]string{name, pool}]
+	free := rank.Free - p.heldNow[[2]string{name, pool}]
 	room := h.PhysicalCap - h.Booked - p.booked[name]
 	if free <= 0 || room <= 0 || !fitsShape(h, pool, p.heldNow) {
 		return
 	}
-	r := hostRank{free: free, name: name}
-	if h.Health.Degraded || h.ImageDegraded(pool) != nil {
+	r := hostRank{free: free, streak: rank.Streak, name: name}
+	if rank.Degraded {
 		if p.probe == nil || !p.probe(h, pool) {
 			return
 		}
 		r.probe = true
 	}
-	r.streak, _, _ = h.Health.Streak(time.Time{})
 	if p.best.name == "" || r.better(p.best) {
 		p.best = r
 	}

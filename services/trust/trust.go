@@ -20,14 +20,27 @@ import (
 // key by key (a direct get: an agent may read that bucket, not list or
 // watch it) and remembering a trusted key for CacheFor, so a key the admin
 // deletes is refused again within that time. Safe for concurrent use.
+//
+// A NATS fault must not stop a host from opening what a key it already
+// trusts sealed (law 11: the fault is NATS's, not the host's). So the
+// bucket is bound once (its STREAM.INFO needs the stream's leader, which
+// a cluster re-elects for seconds after losing a node) and each read is
+// then a direct get, which any current replica answers; and while the
+// bucket does not answer, a key read trusted within StaleFor stays
+// trusted. A key the bucket says is gone is refused at once.
 type Set struct {
 	JS jetstream.JetStream
 	// CacheFor is how long a trusted answer is kept; 0 means 1 min.
 	CacheFor time.Duration
+	// StaleFor is how long a trusted answer still stands while the bucket
+	// does not answer; 0 means 10 min. It bounds how long an admin's
+	// deletion can go unseen by a host that cannot read the bucket.
+	StaleFor time.Duration
 	Now      func() time.Time
 
 	mu   sync.Mutex
-	seen map[string]time.Time // key → when it was read trusted
+	kv   jetstream.KeyValue   // bound at the first read that finds the bucket
+	seen map[string]time.Time // key → when it was last read trusted
 }
 
 // ErrUnreadable: the bucket did not answer; nothing is known (law 7), so
@@ -36,43 +49,68 @@ var ErrUnreadable = errors.New("trust bucket unreadable")
 
 // Dispatcher reports whether pub is a trusted dispatcher's sealing key. A
 // key that is not in the bucket is untrusted (false, nil); a bucket that
-// does not answer is an error wrapping ErrUnreadable.
+// does not answer is an error wrapping ErrUnreadable, unless pub was read
+// trusted within StaleFor (true, nil).
 func (s *Set) Dispatcher(ctx context.Context, pub string) (bool, error) {
 	now := time.Now
 	if s.Now != nil {
 		now = s.Now
 	}
-	cache := s.CacheFor
-	if cache <= 0 {
-		cache = time.Minute
-	}
 	s.mu.Lock()
 	at, ok := s.seen[pub]
 	s.mu.Unlock()
-	if ok && now().Sub(at) < cache {
+	if ok && now().Sub(at) < or(s.CacheFor, time.Minute) {
 		return true, nil
 	}
-	kv, err := s.JS.KeyValue(ctx, events.BucketTrust)
-	if err != nil {
-		return false, fmt.Errorf("%w: %v (the admin creates it: `berth stream apply`)", ErrUnreadable, err)
-	}
-	_, err = kv.Get(ctx, events.TrustKeyDispatcher(pub))
-	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
-		s.mu.Lock()
-		delete(s.seen, pub)
-		s.mu.Unlock()
-		return false, nil
-	case err != nil:
-		return false, fmt.Errorf("%w: %v", ErrUnreadable, err)
-	}
+	trusted, err := s.read(ctx, pub)
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case err != nil && ok && now().Sub(at) < or(s.StaleFor, 10*time.Minute):
+		return true, nil // the bucket said so lately and says nothing now
+	case err != nil:
+		return false, err
+	case !trusted:
+		delete(s.seen, pub)
+		return false, nil
+	}
 	if s.seen == nil {
 		s.seen = map[string]time.Time{}
 	}
 	s.seen[pub] = now()
-	s.mu.Unlock()
 	return true, nil
+}
+
+// read asks the bucket whether pub is there, binding the bucket first if
+// no read has yet.
+func (s *Set) read(ctx context.Context, pub string) (bool, error) {
+	s.mu.Lock()
+	kv := s.kv
+	s.mu.Unlock()
+	if kv == nil {
+		var err error
+		if kv, err = s.JS.KeyValue(ctx, events.BucketTrust); err != nil {
+			return false, fmt.Errorf("%w: %v (the admin creates it: `berth stream apply`)", ErrUnreadable, err)
+		}
+		s.mu.Lock()
+		s.kv = kv
+		s.mu.Unlock()
+	}
+	_, err := kv.Get(ctx, events.TrustKeyDispatcher(pub))
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("%w: %v", ErrUnreadable, err)
+	}
+	return true, nil
+}
+
+func or(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
 }
 
 // AddDispatcher trusts pub, naming whose it is. Only the admin's

@@ -123,3 +123,24 @@ func freePort(t testing.TB) int {
 	t.Fatal("no free port between 20000 and 32000")
 	return 0
 }
+
+// StartCluster starts a bare cluster of n nats-server processes (no
+// services, no authorization) for a test of how a client rides out a
+// node's loss; every node is killed at cleanup.
+func StartCluster(t *testing.T, n int) *NATS {
+	t.Helper()
+	b := Build(t)
+	tagBytes := make([]byte, 8)
+	for i := range tagBytes {
+		tagBytes[i] = byte(rand.IntN(256))
+	}
+	tag := fmt.Sprintf("%x", tagBytes)
+	t.Cleanup(func() { killTagged(tag) })
+	out := startNATS(t, b.NATS, t.TempDir(), tag, n, nil, nil)
+	t.Cleanup(func() {
+		for _, p := range out.Nodes {
+			p.Kill(t)
+		}
+	})
+	return out
+}

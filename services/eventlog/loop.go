@@ -115,6 +115,12 @@ func (l *Loop) Post(ctx context.Context, fn func()) {
 // (nothing delivered for a while) is a stalled consumer, not the end.
 func (l *Loop) CaughtUp() bool { return l.caughtUp.Load() }
 
+// LogEnd reads where the log ends for this loop: the sequence of the
+// newest fact its filters match in the stream (0: none), by a direct get
+// per filter. A fold whose LastSeq has reached it holds every fact stored
+// before the read.
+func (l *Loop) LogEnd(ctx context.Context) (uint64, error) { return l.filteredLast(ctx) }
+
 // LastSeq is the last stream sequence applied.
 func (l *Loop) LastSeq() uint64 { return l.lastSeq.Load() }
 

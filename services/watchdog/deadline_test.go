@@ -21,26 +21,10 @@ import (
 // releases the slot for that reason, stamped at or after the deadline: the
 // deadline was driven by the clock, with no sleep and no wall-clock wait.
 func TestAFakeClockDrivesTheProvisioningDeadlineThroughTheRealLoop(t *testing.T) {
-	_, js, _ := testkit.NATS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{}); err != nil {
-		t.Fatal(err)
-	}
 	start := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
-	fake := clock.NewFake(start)
-	app := &eventlog.Appender{JS: js, Source: "test"}
-	booked := events.SlotReserved{Pool: "linux", Host: "h-a", Attempt: events.AttemptID(7, 1), JobID: 7, N: 1, Labels: []string{"linux"}}
-	for _, p := range []events.Payload{
-		events.HostOnline{Host: "h-a", Boot: "b", PhysicalCap: 2, At: start, CurveKey: "X",
-			Pools: map[string]events.PoolSlots{"linux": {Slots: 2, Labels: []string{"linux"}}}},
-		events.JobQueued{JobRef: events.JobRef{JobID: 7, Labels: []string{"linux"}}},
-		booked,
-	} {
-		if _, _, err := app.Append(ctx, app.New(start, p), nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	js, app, fake, booked := bookedLog(ctx, t, start, start, 7)
 	const tick = time.Hour
 	w, stop := runWatchdog(ctx, t, js, app, fake, tick)
 	defer stop()
@@ -76,9 +60,18 @@ func TestAFakeClockDrivesTheProvisioningDeadlineThroughTheRealLoop(t *testing.T)
 // with the fake clock, its loop ticking every tick; stop ends it.
 func runWatchdog(ctx context.Context, t *testing.T, js jetstream.JetStream, app *eventlog.Appender, fake *clock.Fake, tick time.Duration) (*watchdog.Watchdog, func()) {
 	t.Helper()
+	return runWatchdogWith(ctx, t, js, app, fake, tick, nil)
+}
+
+// runWatchdogWith is runWatchdog with tune applied before the watchdog runs.
+func runWatchdogWith(ctx context.Context, t *testing.T, js jetstream.JetStream, app *eventlog.Appender, fake *clock.Fake, tick time.Duration, tune func(*watchdog.Watchdog)) (*watchdog.Watchdog, func()) {
+	t.Helper()
 	p := watchdog.Params{ProvisionTimeout: 10 * time.Minute, HostTTL: 24 * time.Hour, TeardownTimeout: time.Hour}
 	w := watchdog.New(js, app, p, fake, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	w.Loop.Tick = tick
+	if tune != nil {
+		tune(w)
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- w.Run(rctx) }()
@@ -97,28 +90,10 @@ func runWatchdog(ctx context.Context, t *testing.T, js jetstream.JetStream, app 
 // then the slot is released; before, the deadline ran from the writer's
 // stamp, an hour later, and the slot stayed held.
 func TestADeadlineRunsFromWhenTheLogStoredTheFactNotTheWritersClock(t *testing.T) {
-	_, js, _ := testkit.NATS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{}); err != nil {
-		t.Fatal(err)
-	}
 	start := time.Now().UTC()
-	fake := clock.NewFake(start)
-	app := &eventlog.Appender{JS: js, Source: "test"}
-	booked := events.SlotReserved{Pool: "linux", Host: "h-a", Attempt: events.AttemptID(8, 1), JobID: 8, N: 1, Labels: []string{"linux"}}
-	for _, p := range []events.Payload{
-		events.HostOnline{Host: "h-a", Boot: "b", PhysicalCap: 2, At: start, CurveKey: "X",
-			Pools: map[string]events.PoolSlots{"linux": {Slots: 2, Labels: []string{"linux"}}}},
-		events.JobQueued{JobRef: events.JobRef{JobID: 8, Labels: []string{"linux"}}},
-	} {
-		if _, _, err := app.Append(ctx, app.New(start, p), nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, _, err := app.Append(ctx, app.New(start.Add(time.Hour), booked), nil); err != nil { // the writer's clock: an hour ahead
-		t.Fatal(err)
-	}
+	js, app, fake, booked := bookedLog(ctx, t, start, start.Add(time.Hour), 8) // the writer's clock: an hour ahead
 	const tick = 15 * time.Minute
 	w, stop := runWatchdog(ctx, t, js, app, fake, tick)
 	defer stop()
@@ -135,6 +110,33 @@ func TestADeadlineRunsFromWhenTheLogStoredTheFactNotTheWritersClock(t *testing.T
 	if got.reason != events.ReleaseProvisionTimeout {
 		t.Fatalf("released for %q, want %q", got.reason, events.ReleaseProvisionTimeout)
 	}
+}
+
+// bookedLog starts a log holding a host (2 linux slots) that announced
+// itself at start, job jobID queued, and its first attempt booked there,
+// the booking stamped bookedAt by its writer; the fake clock reads start.
+func bookedLog(ctx context.Context, t *testing.T, start, bookedAt time.Time, jobID int64) (jetstream.JetStream, *eventlog.Appender, *clock.Fake, events.SlotReserved) {
+	t.Helper()
+	_, js, _ := testkit.NATS(t)
+	if _, err := eventlog.EnsureStream(ctx, js, eventlog.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	app := &eventlog.Appender{JS: js, Source: "test"}
+	booked := events.SlotReserved{Pool: "linux", Host: "h-a", Attempt: events.AttemptID(jobID, 1), JobID: jobID, N: 1, Labels: []string{"linux"}}
+	for _, f := range []struct {
+		at time.Time
+		p  events.Payload
+	}{
+		{start, events.HostOnline{Host: "h-a", Boot: "b", PhysicalCap: 2, At: start, CurveKey: "X",
+			Pools: map[string]events.PoolSlots{"linux": {Slots: 2, Labels: []string{"linux"}}}}},
+		{start, events.JobQueued{JobRef: events.JobRef{JobID: jobID, Labels: []string{"linux"}}}},
+		{bookedAt, booked},
+	} {
+		if _, _, err := app.Append(ctx, app.New(f.at, f.p), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return js, app, clock.NewFake(start), booked
 }
 
 // releasedIn returns the slot release of attempt if it is the newest fact

@@ -47,6 +47,11 @@ type Watchdog struct {
 	watched     atomic.Int64 // when the heartbeat watcher last delivered anything (unix ns, this process's clock)
 	lastCompact time.Time
 	refusal     Refusal // facts refused since start (law 10), for the alarm
+	// Judgments of absence held until the fold covers the log (view.go):
+	// where the log ended when last read, and when each held one was
+	// first made. The loop's alone.
+	mark        logMark
+	judged      map[string]time.Time
 	lastObserve time.Time
 	mu          sync.Mutex
 	health      Health
@@ -235,6 +240,7 @@ func (w *Watchdog) Decide(ctx context.Context) {
 	seen := w.heard(now)
 	plan := Decide(w.Fold, now, seen, w.params)
 	plan.Raise = append(plan.Raise, ForgedAlarm(w.Fold, now, w.refusal)...)
+	w.holdUnseen(ctx, &plan, now)
 	w.Execute(ctx, plan.Steps(), nil)
 	w.housekeep(now)
 	// Health and gauges from a full status view once a second, not on

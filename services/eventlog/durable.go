@@ -75,15 +75,20 @@ func (c Consumer) withDefaults() Consumer {
 type FollowerStats struct {
 	Redelivered uint64 // messages delivered more than once (not acked in time, or nak'd)
 	Recreated   uint64 // times the consumer was found stalled or gone and recreated
+	Copies      uint64 // deliveries of facts the loop had already (acked, not handed again)
 }
 
-// unacked tracks what was delivered and not yet acked, so a recreated
-// consumer starts at the oldest of those: nothing between is lost, and what
-// comes twice is harmless because every fold is idempotent.
+// unacked tracks what was handed to the loop and not yet acked, so a
+// recreated consumer starts at the oldest of those, and keeps the loop's
+// view in the log's order: a copy of a fact already handed (the server
+// redelivering one whose ack it lost, or a recreated consumer starting
+// before the last fact handed) is not handed again, unless the loop asked
+// for it again (a reaction that failed, retried).
 type unacked struct {
 	mu      sync.Mutex
-	out     map[uint64]int // stream seq → deliveries outstanding
-	highest uint64
+	out     map[uint64]int      // stream seq → deliveries handed and not yet settled
+	again   map[uint64]struct{} // stream seqs the loop asked to see again
+	highest uint64              // the highest stream seq handed to the loop
 }
 
 func (u *unacked) delivered(seq uint64) {
@@ -91,11 +96,16 @@ func (u *unacked) delivered(seq uint64) {
 	defer u.mu.Unlock()
 	u.out[seq]++
 	u.highest = max(u.highest, seq)
+	delete(u.again, seq)
 }
 
 func (u *unacked) settled(seq uint64) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	u.settle(seq)
+}
+
+func (u *unacked) settle(seq uint64) {
 	if u.out[seq] <= 1 {
 		delete(u.out, seq)
 	} else {
@@ -103,7 +113,32 @@ func (u *unacked) settled(seq uint64) {
 	}
 }
 
-// resumeFrom is the sequence a recreated consumer starts at.
+// retrying settles a delivery the loop asked to see again.
+func (u *unacked) retrying(seq uint64) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.settle(seq)
+	if u.again == nil {
+		u.again = map[uint64]struct{}{}
+	}
+	u.again[seq] = struct{}{}
+}
+
+// handed reports whether seq is a copy of a fact the loop already has: at
+// or below the highest handed, and not one it asked to see again. The
+// consumer hands first deliveries in the log's order and the follower
+// hands nothing past a lost one (consume), so no fact the loop lacks is
+// below the highest.
+func (u *unacked) handed(seq uint64) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	_, again := u.again[seq]
+	return seq <= u.highest && !again
+}
+
+// resumeFrom is the sequence a recreated consumer starts at: the oldest
+// fact handed and not settled, or asked for again, or the one after the
+// highest handed.
 func (u *unacked) resumeFrom(start uint64) uint64 {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -112,6 +147,9 @@ func (u *unacked) resumeFrom(start uint64) uint64 {
 	}
 	from := u.highest + 1
 	for seq := range u.out {
+		from = min(from, seq)
+	}
+	for seq := range u.again {
 		from = min(from, seq)
 	}
 	return from
@@ -124,7 +162,7 @@ type follower struct {
 	cfg     Consumer
 	subj    []string
 	track   unacked
-	stats   struct{ redelivered, recreated atomic.Uint64 }
+	stats   struct{ redelivered, recreated, copies atomic.Uint64 }
 	cons    atomic.Value // the live jetstream.Consumer, for Stuck
 	last    atomic.Int64 // unix nanos of the last delivery
 }
@@ -168,7 +206,7 @@ func newFollower(js jetstream.JetStream, c Consumer, filters []string) *follower
 }
 
 func (f *follower) Stats() FollowerStats {
-	return FollowerStats{Redelivered: f.stats.redelivered.Load(), Recreated: f.stats.recreated.Load()}
+	return FollowerStats{Redelivered: f.stats.redelivered.Load(), Recreated: f.stats.recreated.Load(), Copies: f.stats.copies.Load()}
 }
 
 // errStalled ends one consumer's life so that run recreates it.
@@ -326,7 +364,7 @@ func (f *follower) consume(ctx context.Context, cons jetstream.Consumer, out cha
 	defer it.Stop()
 	defer context.AfterFunc(ctx, it.Stop)() // Next does not watch ctx itself
 	var waitingSince atomic.Int64           // unix nanos a Next began waiting; 0 while not waiting
-	var lastCons uint64                     // the consumer sequence last delivered (ackNone's gap check)
+	var lastCons uint64                     // the consumer sequence last delivered (inOrder)
 	var stalled atomic.Pointer[error]
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
@@ -359,11 +397,13 @@ func (f *follower) consume(ctx context.Context, cons jetstream.Consumer, out cha
 		if meta.NumDelivered > 1 {
 			f.stats.redelivered.Add(1)
 		}
-		if f.cfg.ackNone {
-			if meta.Sequence.Consumer != lastCons+1 {
-				return fmt.Errorf("%w: delivery %d came after %d (one was lost)", errStalled, meta.Sequence.Consumer, lastCons)
-			}
-			lastCons = meta.Sequence.Consumer
+		if err := f.inOrder(&lastCons, meta.Sequence.Consumer); err != nil {
+			return err
+		}
+		if !f.cfg.ackNone && f.track.handed(seq) {
+			_ = msg.Ack() // a copy: the loop folded this fact already
+			f.stats.copies.Add(1)
+			continue
 		}
 		f.track.delivered(seq)
 		ev, derr := events.Unmarshal(msg.Data(), seq)
@@ -381,6 +421,28 @@ func (f *follower) consume(ctx context.Context, cons jetstream.Consumer, out cha
 			return ctx.Err()
 		}
 	}
+}
+
+// inOrder checks a delivery's consumer sequence against the last one's. A
+// gap is a delivery lost on its way (a node died with it in flight): the
+// server, which counts it delivered, sends it again only after AckWait
+// (with acks) or never (without), after facts stored later. Folding those
+// first would fold out of the log's order, and a fact about an attempt
+// whose booking has not come yet is refused as forged (law 10; a chaos
+// run's watchdog refused an agent's facts, and judged deadlines on a view
+// with holes). So the consumer is recreated from the first fact not yet
+// handed over. A sequence that goes back (a new consumer leader resuming
+// from its replicated state) is taken as it comes: what it sends again is
+// a copy (unacked.handed).
+func (f *follower) inOrder(last *uint64, cons uint64) error {
+	switch {
+	case f.cfg.ackNone && cons != *last+1: // nothing is ever sent again: any break is a loss
+		return fmt.Errorf("%w: delivery %d came after %d (one was lost)", errStalled, cons, *last)
+	case *last != 0 && cons > *last+1:
+		return fmt.Errorf("%w: delivery %d came after %d (one was lost on its way)", errStalled, cons, *last)
+	}
+	*last = cons
+	return nil
 }
 
 // watch declares the consumer stalled when a pull has waited StallAfter

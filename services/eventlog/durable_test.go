@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +23,7 @@ import (
 type durableReactor struct {
 	mu      sync.Mutex
 	applied map[uint64]int
+	order   []uint64 // the facts folded, in the order they came
 	skipped map[uint64]error
 	poison  map[int64]bool // job ids whose facts make Apply panic
 	hold    chan struct{}  // when not nil, Decide waits on it once a fact is folded
@@ -35,6 +37,16 @@ func newDurableReactor(poison ...int64) *durableReactor {
 	return r
 }
 
+// newHeldReactor is a durableReactor whose Decide waits, once a fact is
+// folded, until release (which may be called more than once).
+func newHeldReactor() (*durableReactor, func()) {
+	r := newDurableReactor()
+	hold := make(chan struct{})
+	r.hold = hold
+	var once sync.Once
+	return r, func() { once.Do(func() { close(hold) }) }
+}
+
 func (r *durableReactor) Apply(d eventlog.Delivered) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -46,6 +58,7 @@ func (r *durableReactor) Apply(d eventlog.Delivered) {
 		panic(fmt.Sprintf("cannot fold job %d", q.JobID))
 	}
 	r.applied[d.Event.Seq]++
+	r.order = append(r.order, d.Event.Seq)
 }
 
 func (r *durableReactor) Decide(ctx context.Context) {
@@ -111,11 +124,7 @@ func consumerInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.
 func TestDurableLoopAcksOnlyAfterTheReactionReturns(t *testing.T) {
 	// Given a loop on a durable consumer whose Decide is held
 	_, js, app := start(t)
-	r := newDurableReactor()
-	hold := make(chan struct{})
-	r.hold = hold
-	var once sync.Once
-	release := func() { once.Do(func() { close(hold) }) }
+	r, release := newHeldReactor()
 	l := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: time.Hour,
 		Consumer: &eventlog.Consumer{Name: "test-acks", AckWait: 300 * time.Millisecond}}
 	runLoop(t, l, r)
@@ -217,6 +226,110 @@ func TestLostConsumerIsRecreatedWithoutLosingFacts(t *testing.T) {
 	}
 }
 
+// Given a loop caught up on a durable consumer, when one delivery never
+// reaches it (another client's pull takes it, as a node that dies with a
+// delivery in flight loses it: the server counts it delivered and sends it
+// again only after AckWait) and later facts come, then the loop folds every
+// fact once and in the log's order: it recreates the consumer from the
+// first fact it lacks instead of folding the later ones first. Before, it
+// folded them first, and a chaos run's watchdog refused an agent's facts
+// about an attempt whose booking had not come yet.
+func TestALostDeliveryIsStillFoldedInTheLogsOrder(t *testing.T) {
+	_, js, app := start(t)
+	r := newDurableReactor()
+	const name = "test-order"
+	l := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: 100 * time.Millisecond,
+		Consumer: &eventlog.Consumer{Name: name, AckWait: time.Second, StallAfter: time.Hour}}
+	runLoop(t, l, r)
+	first := appendQueued(t, app, "d-1", 1)
+	testkit.Eventually(t, waitLimit, "first fact folded", func() bool { return r.has(first) })
+
+	// Another pull waits on the loop's consumer beside the loop's own.
+	cons, err := js.Consumer(ctxFor(t), events.StreamName, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stolen := make(chan uint64, 1)
+	go func() {
+		defer close(stolen)
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(waitLimit))
+		if err != nil {
+			return
+		}
+		for m := range batch.Messages() {
+			if meta, err := m.Metadata(); err == nil {
+				stolen <- meta.Sequence.Stream // never acked: the server sends it again after AckWait
+			}
+		}
+	}()
+	testkit.Eventually(t, waitLimit, "the other pull waits beside the loop's", func() bool {
+		return consumerInfo(t, js, name).NumWaiting >= 2
+	})
+	seqs := []uint64{first}
+	for i := range 6 {
+		seqs = append(seqs, appendQueued(t, app, fmt.Sprintf("d-%d", i+2), int64(i+2)))
+	}
+	took, ok := <-stolen
+	if !ok {
+		t.Fatal("the other pull took no delivery: the test lost nothing")
+	}
+	if took == seqs[len(seqs)-1] { // nothing came after it: store one more, so order could break
+		seqs = append(seqs, appendQueued(t, app, "d-8", 8))
+	}
+
+	awaitFoldedOnceInOrder(t, r, seqs, fmt.Sprintf("seq %d was taken by the other pull", took))
+}
+
+// awaitFoldedOnceInOrder waits until each of seqs is folded, then fails
+// unless r folded exactly those, each once and in the log's order.
+func awaitFoldedOnceInOrder(t *testing.T, r *durableReactor, seqs []uint64, story string) {
+	t.Helper()
+	testkit.Eventually(t, waitLimit, "every fact folded", func() bool {
+		for _, s := range seqs {
+			if !r.has(s) {
+				return false
+			}
+		}
+		return true
+	})
+	r.mu.Lock()
+	order := slices.Clone(r.order)
+	r.mu.Unlock()
+	if !slices.Equal(order, seqs) {
+		t.Fatalf("folded %v, want %v: each fact once, in the log's order (%s)", order, seqs, story)
+	}
+}
+
+// Given a loop whose reaction to a folded fact is still running (so the
+// fact is not acked), when the server loses the consumer and the loop
+// recreates it from that fact, then the fact the new consumer sends again
+// is acked and not folded twice, and the facts after it are folded once.
+func TestAFactSentAgainByARecreatedConsumerIsNotFoldedTwice(t *testing.T) {
+	_, js, app := start(t)
+	r, release := newHeldReactor()
+	const name = "test-copies"
+	l := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: time.Hour,
+		Consumer: &eventlog.Consumer{Name: name, StallAfter: 300 * time.Millisecond}}
+	runLoop(t, l, r)
+	t.Cleanup(release) // before the loop's cleanup, which waits for Decide
+	first := appendQueued(t, app, "d-1", 1)
+	testkit.Eventually(t, waitLimit, "first fact folded, its reaction held", func() bool { return r.has(first) })
+
+	if err := js.DeleteConsumer(ctxFor(t), events.StreamName, name); err != nil {
+		t.Fatal(err)
+	}
+	seqs := []uint64{first}
+	for i := range 3 {
+		seqs = append(seqs, appendQueued(t, app, fmt.Sprintf("d-%d", i+2), int64(i+2)))
+	}
+	testkit.Eventually(t, waitLimit, "the consumer recreated", func() bool { return l.Stats().Recreated > 0 })
+	release()
+	awaitFoldedOnceInOrder(t, r, seqs, "the first was sent again by the recreated consumer")
+	if st := l.Stats(); st.Copies == 0 {
+		t.Fatalf("the recreated consumer sent no copy (stats %+v): the test did not see what it is about", st)
+	}
+}
+
 func TestDurableLoopGoesOnAfterTheServerRestarts(t *testing.T) {
 	// Given a loop on a durable consumer against a server with a store
 	dir := t.TempDir()
@@ -269,11 +382,7 @@ func TestLoopStartingOnATruncatedLogSaysSo(t *testing.T) {
 func TestStuckReportsFactsTheServerHoldsButDoesNotDeliver(t *testing.T) {
 	// Given a loop that may have one fact unacked and whose reaction is held
 	_, js, app := start(t)
-	r := newDurableReactor()
-	hold := make(chan struct{})
-	r.hold = hold
-	var once sync.Once
-	release := func() { once.Do(func() { close(hold) }) }
+	r, release := newHeldReactor()
 	l := &eventlog.Loop{JS: js, Filters: []string{events.SubjectAll}, Tick: time.Hour,
 		Consumer: &eventlog.Consumer{Name: "test-stuck", MaxAckPending: 1, StallAfter: time.Hour}}
 	runLoop(t, l, r)

@@ -45,7 +45,7 @@ func (d Delivered) ack() {
 func (d Delivered) retry(delay time.Duration) {
 	if d.msg != nil {
 		_ = d.msg.NakWithDelay(delay)
-		d.track.settled(d.Event.Seq)
+		d.track.retrying(d.Event.Seq)
 	}
 }
 

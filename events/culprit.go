@@ -25,7 +25,10 @@ import (
 //	github   GitHub refused the App's own credentials (401, 403 not for
 //	         rate), rate-limited it, or never answered in time: calls pause
 //	         with a back-off, the job stays demand.
-//	nats     an append failed: the round decides it again (law 11).
+//	nats     an append failed: the round decides it again (law 11); or a
+//	         provisioning or registration deadline ran across a fault of
+//	         NATS the watchdog saw itself: the job stays demand, no host
+//	         is degraded.
 //	berth    Berth's own fault: a placement the host could not open (a
 //	         sealing key the agent does not trust).
 //

@@ -165,6 +165,13 @@ type follower struct {
 	stats   struct{ redelivered, recreated, copies atomic.Uint64 }
 	cons    atomic.Value // the live jetstream.Consumer, for Stuck
 	last    atomic.Int64 // unix nanos of the last delivery
+	onFault func()       // told of each failed pull and each recreation (Loop.NoteFault)
+}
+
+func (f *follower) fault() {
+	if f.onFault != nil {
+		f.onFault()
+	}
 }
 
 // pending asks the server how many facts it holds for the follower that
@@ -244,6 +251,7 @@ func (f *follower) run(ctx context.Context, startSeq uint64, out chan<- Delivere
 		}
 		from = f.track.resumeFrom(from)
 		f.stats.recreated.Add(1)
+		f.fault()
 		slog.Warn("durable consumer stalled or lost; recreating it", "consumer", f.cfg.Name, "from_seq", from, "err", err)
 	}
 }
@@ -384,6 +392,7 @@ func (f *follower) consume(ctx context.Context, cons jetstream.Consumer, out cha
 				errors.Is(err, jetstream.ErrConsumerNotFound) {
 				return fmt.Errorf("%w: %v", errStalled, err)
 			}
+			f.fault()
 			slog.Warn("durable consumer: retrying", "consumer", f.cfg.Name, "err", err)
 			continue
 		}

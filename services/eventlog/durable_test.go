@@ -278,6 +278,9 @@ func TestALostDeliveryIsStillFoldedInTheLogsOrder(t *testing.T) {
 	}
 
 	awaitFoldedOnceInOrder(t, r, seqs, fmt.Sprintf("seq %d was taken by the other pull", took))
+	if l.LastFault().IsZero() {
+		t.Fatal("the lost delivery was not recorded as a fault of NATS (Loop.LastFault), which deadlines running across it are charged to")
+	}
 }
 
 // awaitFoldedOnceInOrder waits until each of seqs is folded, then fails

@@ -87,6 +87,7 @@ type Loop struct {
 	targetKnown atomic.Bool   // target was read at least once
 	lastSeq     atomic.Uint64
 	progress    atomic.Int64 // unix nanos of the loop's last turn
+	fault       atomic.Int64 // unix nanos (the loop's clock) NATS last failed the service (NoteFault)
 	// source, when set (tests), delivers in place of the consumer.
 	source func(ctx context.Context, from uint64, ch chan<- Delivered) error
 }
@@ -120,6 +121,27 @@ func (l *Loop) CaughtUp() bool { return l.caughtUp.Load() }
 // per filter. A fold whose LastSeq has reached it holds every fact stored
 // before the read.
 func (l *Loop) LogEnd(ctx context.Context) (uint64, error) { return l.filteredLast(ctx) }
+
+// NoteFault records that NATS failed this loop's service at at (on its
+// clock): a delivery lost or stalled, an append or a read that failed.
+// Safe from any goroutine.
+func (l *Loop) NoteFault(at time.Time) {
+	for {
+		old := l.fault.Load()
+		if at.UnixNano() <= old || l.fault.CompareAndSwap(old, at.UnixNano()) {
+			return
+		}
+	}
+}
+
+// LastFault is the latest time NoteFault recorded (zero: none), what a
+// service charges a deadline that ran across it to (law 11).
+func (l *Loop) LastFault() time.Time {
+	if n := l.fault.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
 
 // LastSeq is the last stream sequence applied.
 func (l *Loop) LastSeq() uint64 { return l.lastSeq.Load() }
@@ -217,6 +239,7 @@ func (l *Loop) follow(ctx context.Context, seq uint64) (<-chan Delivered, <-chan
 	}
 	if l.Consumer != nil {
 		f := newFollower(l.JS, *l.Consumer, l.Filters)
+		f.onFault = func() { l.NoteFault(clock.Or(l.Clock).Now()) }
 		l.follower.Store(f)
 		go func() { errc <- f.run(ctx, seq+1, ch) }()
 	} else {

@@ -236,6 +236,17 @@ func (s *Shell) MarkInFlight(key string) { s.inflight[key] = s.Now() }
 // the next decision may ask for it again.
 func (s *Shell) Forget(key string) { delete(s.inflight, key) }
 
+// appendFailed logs an append that failed and records it as a fault of
+// NATS (Loop.NoteFault); a conflict (the fold is behind its ledger) is
+// neither: the round decides again on the fresher fold.
+func (s *Shell) appendFailed(id string, err error) {
+	if errors.Is(err, ErrConflict) {
+		return
+	}
+	s.Loop.NoteFault(s.Now())
+	s.Logger.Warn("append failed; the next round decides it again", "event", id, "err", err)
+}
+
 // Housekeep drops in-flight marks older than InFlightFor, so a fact that
 // was lost on its way is decided again and the maps stay flat (law 5).
 func (s *Shell) Housekeep() {
@@ -359,7 +370,7 @@ func (s *Shell) appendBatch(ctx context.Context, steps events.Plan) {
 	for i, c := range s.Log.AppendAllConfirmed(ctx, evs) {
 		s.countTaken(c.Taken)
 		if c.Err != nil {
-			s.Logger.Warn("append failed; the next round decides it again", "event", c.Event.ID, "err", c.Err)
+			s.appendFailed(c.Event.ID, c.Err)
 			continue
 		}
 		s.stored(ctx, todo[i], c.Event, keys[i], c.Seq, c.Dup)
@@ -409,9 +420,7 @@ func (s *Shell) appendStep(ctx context.Context, st events.Step) (stored bool, er
 	}
 	ev, seq, dup, err := s.store(ctx, ev, expect)
 	if err != nil {
-		if !errors.Is(err, ErrConflict) {
-			s.Logger.Warn("append failed; the next round decides it again", "event", ev.ID, "err", err)
-		}
+		s.appendFailed(ev.ID, err)
 		return false, err
 	}
 	hit(points[1])

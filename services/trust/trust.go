@@ -9,10 +9,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -21,13 +23,12 @@ import (
 // watch it) and remembering a trusted key for CacheFor, so a key the admin
 // deletes is refused again within that time. Safe for concurrent use.
 //
-// A NATS fault must not stop a host from opening what a key it already
-// trusts sealed (law 11: the fault is NATS's, not the host's). So the
-// bucket is bound once (its STREAM.INFO needs the stream's leader, which
-// a cluster re-elects for seconds after losing a node) and each read is
-// then a direct get, which any current replica answers; and while the
-// bucket does not answer, a key read trusted within StaleFor stays
-// trusted. A key the bucket says is gone is refused at once.
+// A NATS fault must not stop a host from opening what a trusted key
+// sealed (law 11: the fault is NATS's, not the host's). So each read is a
+// direct get, which any current replica answers, with no STREAM.INFO
+// (which needs the stream's leader: read); and while the bucket does not
+// answer, a key read trusted within StaleFor stays trusted. A key the
+// bucket says is gone is refused at once.
 type Set struct {
 	JS jetstream.JetStream
 	// CacheFor is how long a trusted answer is kept; 0 means 1 min.
@@ -39,7 +40,6 @@ type Set struct {
 	Now      func() time.Time
 
 	mu   sync.Mutex
-	kv   jetstream.KeyValue   // bound at the first read that finds the bucket
 	seen map[string]time.Time // key → when it was last read trusted
 }
 
@@ -81,29 +81,51 @@ func (s *Set) Dispatcher(ctx context.Context, pub string) (bool, error) {
 	return true, nil
 }
 
-// read asks the bucket whether pub is there, binding the bucket first if
-// no read has yet.
+// read asks the bucket whether pub is there: one direct get of the key's
+// last value, sent as JetStream's wire request ($JS.API.DIRECT.GET.<the
+// bucket's stream>.<the key's subject>, ADR-31) because nats.go's KV
+// handle first asks STREAM.INFO, which only the stream's leader answers,
+// and a cluster re-elects one for seconds after losing a node (a chaos
+// run's restarted agent could not open placements for that long). Any
+// current replica answers a direct get. A key deleted or purged (its last
+// value marked KV-Operation DEL or PURGE) is not there.
 func (s *Set) read(ctx context.Context, pub string) (bool, error) {
-	s.mu.Lock()
-	kv := s.kv
-	s.mu.Unlock()
-	if kv == nil {
-		var err error
-		if kv, err = s.JS.KeyValue(ctx, events.BucketTrust); err != nil {
-			return false, fmt.Errorf("%w: %v (the admin creates it: `berth stream apply`)", ErrUnreadable, err)
-		}
-		s.mu.Lock()
-		s.kv = kv
-		s.mu.Unlock()
-	}
-	_, err := kv.Get(ctx, events.TrustKeyDispatcher(pub))
+	subj := apiPrefix(s.JS) + "DIRECT.GET.KV_" + events.BucketTrust + ".$KV." + events.BucketTrust + "." +
+		events.TrustKeyDispatcher(pub)
+	msg, err := s.JS.Conn().RequestWithContext(ctx, subj, nil)
 	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
-		return false, nil
+	case errors.Is(err, nats.ErrNoResponders):
+		return false, fmt.Errorf("%w: no server answers for it (the admin creates it: `berth stream apply`)", ErrUnreadable)
 	case err != nil:
 		return false, fmt.Errorf("%w: %v", ErrUnreadable, err)
 	}
+	switch status := msg.Header.Get("Status"); status {
+	case "":
+	case "404":
+		return false, nil
+	default:
+		return false, fmt.Errorf("%w: the server answered %s %s", ErrUnreadable, status, msg.Header.Get("Description"))
+	}
+	switch msg.Header.Get("KV-Operation") {
+	case "DEL", "PURGE":
+		return false, nil
+	}
 	return true, nil
+}
+
+// apiPrefix is the JetStream API prefix js sends its requests under
+// (jetstream.DefaultAPIPrefix unless it was made with another).
+func apiPrefix(js jetstream.JetStream) string {
+	o := js.Options()
+	switch {
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	case o.APIPrefix == "":
+		return jetstream.DefaultAPIPrefix
+	case !strings.HasSuffix(o.APIPrefix, "."):
+		return o.APIPrefix + "."
+	}
+	return o.APIPrefix
 }
 
 func or(d, def time.Duration) time.Duration {

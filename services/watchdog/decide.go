@@ -57,6 +57,12 @@ type Params struct {
 	// (health.go; 0: DefaultDegradeAfter, DefaultDegradeWindow).
 	DegradeAfter  int
 	DegradeWindow time.Duration
+	// NATSFaultAt is not configured: it is the last time, on the
+	// watchdog's clock, that NATS failed the watchdog itself (its consumer
+	// lost a delivery or stalled, an append or a read of the log's end
+	// failed), set before each round. A deadline that ran across it is
+	// charged to NATS, not to the host or the image (culprit).
+	NATSFaultAt time.Time
 }
 
 // By marks the facts the watchdog appends on its own authority, so that it
@@ -179,13 +185,13 @@ func Decide(f *events.Fleet, now time.Time, seen map[string]time.Time, p Params)
 			// GitHub said its runner runs a job (its in_progress has not
 			// come): no deadline releases it (law 7).
 		case a.Held() && lost[a.Host] && lostRelease(a, bound, f.Hosts[a.Host], now, p.HostTTL):
-			plan.release(a, events.ReleaseHostLost)
+			plan.release(a, events.ReleaseHostLost, p)
 		case a.Held() && bound == 0 && !a.RunnerStarted && !a.Failed && provisionOverdue(a, now, fallback(a, p.ProvisionTimeout)):
-			plan.release(a, events.ReleaseProvisionTimeout)
+			plan.release(a, events.ReleaseProvisionTimeout, p)
 		case a.Held() && bound == 0 && a.RunnerStarted && p.RegistrationTimeout > 0 && now.Sub(a.RunnerStartedAt) > fallback(a, p.RegistrationTimeout):
-			plan.release(a, events.ReleaseRegistration)
+			plan.release(a, events.ReleaseRegistration, p)
 		case a.Held() && bound != 0 && p.MaxJobDuration > 0 && overran(f.Jobs[bound], now, p.MaxJobDuration):
-			plan.release(a, events.ReleaseMaxDuration)
+			plan.release(a, events.ReleaseMaxDuration, p)
 		case a.RunsJob() && (bound == 0 || f.Jobs[bound] == nil || f.Jobs[bound].Status != events.StatusCompleted):
 			// Its agent keeps the VM while the job runs, whatever
 			// teardown was asked for before the binding: no stop overran.
@@ -334,9 +340,9 @@ func ForgedAlarm(f *events.Fleet, now time.Time, r Refusal) []events.AlarmRaised
 			"and read the parked records with `nats kv ls %s`", r.Count, r.Seq, r.Subject, r.Reason, events.BucketParked)}}
 }
 
-func (p *Plan) release(a *events.Attempt, reason string) {
+func (p *Plan) release(a *events.Attempt, reason string, par Params) {
 	p.Release = append(p.Release, events.SlotReleased{Pool: a.Pool, Host: a.Host, Attempt: a.ID, Reason: reason, JobID: a.JobID,
-		Culprit: culprit(a, reason)})
+		Culprit: culprit(a, reason, par.NATSFaultAt)})
 	if a.Placed && !a.TeardownReq {
 		p.Teardown = append(p.Teardown, events.AttemptTeardownRequested{
 			AttemptRef: events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}, Reason: reason})

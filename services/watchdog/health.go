@@ -132,9 +132,17 @@ func (p *Plan) gitHubAlarm(f *events.Fleet, now time.Time) {
 // runner that started and never took a job, its image; a booking that got
 // its JIT config and no runner in time, its host; one that never got a JIT
 // config, GitHub (its answer never came in time); a lost host or a job
-// past its maximum duration, no placement failure ("").
-func culprit(a *events.Attempt, reason string) string {
+// past its maximum duration, no placement failure (""). But a deadline
+// that ran across a fault of NATS the watchdog itself saw (natsFault,
+// since the booking) is charged to NATS: the facts that would have met it
+// may not have reached the log (an agent could not append its runner's
+// start, nor read the trust bucket to open the placement), and a host must
+// not be degraded for the log's outage.
+func culprit(a *events.Attempt, reason string, natsFault time.Time) string {
+	timeout := reason == events.ReleaseProvisionTimeout || reason == events.ReleaseRegistration
 	switch {
+	case timeout && !natsFault.IsZero() && !natsFault.Before(a.ReservedAt):
+		return events.CulpritNATS
 	case reason == events.ReleaseRegistration:
 		return events.CulpritImage
 	case reason == events.ReleaseProvisionTimeout && !a.Placed && !a.Warm:

@@ -172,6 +172,41 @@ func TestCulpritWatchdogChargesProvisionTimeouts(t *testing.T) {
 	}
 }
 
+// Given a placed attempt whose runner did not start in time and a runner
+// that started and took no job in time, when the watchdog itself saw NATS
+// fail after they were booked (its consumer lost a delivery, an append or
+// a probe write failed), then both releases are charged to NATS, not to
+// the host or the image: the facts that would have met the deadlines may
+// not have reached the log. A fault before the booking changes nothing
+// (law 11; a chaos run degraded a host whose agent could not read the
+// log while NATS nodes were killed).
+func TestCulpritADeadlineAcrossAFaultOfNATSIsNATSs(t *testing.T) {
+	placed, started := cref(1, "h-a"), cref(2, "h-a")
+	booked := 10 * time.Second
+	l := given().at(0, host("h-a")).at(booked,
+		&events.SlotReserved{Pool: "linux", Host: "h-a", Attempt: placed.Attempt, JobID: 101, N: 1, Labels: linux},
+		&events.AttemptPlaced{AttemptRef: placed, JobID: 101, Labels: linux},
+		&events.SlotReserved{Pool: "linux", Host: "h-a", Attempt: started.Attempt, JobID: 102, N: 1, Labels: linux},
+		&events.AttemptPlaced{AttemptRef: started, JobID: 102, Labels: linux},
+		&events.AttemptProvisioning{AttemptRef: started}, &events.AttemptRunnerStarted{AttemptRef: started})
+	now := t0.Add(booked + params.ProvisionTimeout + time.Second)
+	culprits := func(fault time.Time) map[string]string {
+		p := params
+		p.RegistrationTimeout, p.NATSFaultAt = time.Minute, fault
+		got := map[string]string{}
+		for _, r := range watchdog.Decide(l.f, now, map[string]time.Time{"h-a": now}, p).Release {
+			got[r.Attempt] = r.Culprit
+		}
+		return got
+	}
+	if got := culprits(t0.Add(booked + time.Minute)); got[placed.Attempt] != events.CulpritNATS || got[started.Attempt] != events.CulpritNATS {
+		t.Fatalf("with NATS failing after the bookings: culprits %v, want nats for both", got)
+	}
+	if got := culprits(t0.Add(booked - time.Second)); got[placed.Attempt] != events.CulpritHost || got[started.Attempt] != events.CulpritImage {
+		t.Fatalf("with NATS failing before the bookings: culprits %v, want %s host and %s image", got, placed.Attempt, started.Attempt)
+	}
+}
+
 // GitHub refusing the App's credentials raises a fleet alarm, cleared by
 // the next placement.
 func TestCulpritGitHubRefusalRaisesAnAlarmUntilAPlacement(t *testing.T) {

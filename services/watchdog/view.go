@@ -85,6 +85,7 @@ func (w *Watchdog) readEnd(ctx context.Context) {
 		w.Loop.Post(ctx, func() {
 			w.mark.reading = false
 			if err != nil {
+				w.Loop.NoteFault(at)
 				w.logger.Warn("could not read where the log ends; releases and abandons judged on deadlines wait until it answers",
 					"err", err)
 				return

@@ -218,6 +218,7 @@ func (w *Watchdog) probeHeartbeats(ctx context.Context, kv jetstream.KeyValue) {
 		case err != nil:
 			failed = true
 			at := w.Now()
+			w.Loop.NoteFault(at) // NATS does not take writes: deadlines running now are its (culprit)
 			w.Loop.Post(ctx, func() { w.raiseFloor(at) })
 		case failed || time.Since(time.Unix(0, w.watched.Load())) > 3*time.Second:
 			// Back after a failure, or the watcher has not even shown this
@@ -238,7 +239,9 @@ func (w *Watchdog) probeHeartbeats(ctx context.Context, kv jetstream.KeyValue) {
 func (w *Watchdog) Decide(ctx context.Context) {
 	now := w.Now()
 	seen := w.heard(now)
-	plan := Decide(w.Fold, now, seen, w.params)
+	p := w.params
+	p.NATSFaultAt = w.Loop.LastFault()
+	plan := Decide(w.Fold, now, seen, p)
 	plan.Raise = append(plan.Raise, ForgedAlarm(w.Fold, now, w.refusal)...)
 	w.holdUnseen(ctx, &plan, now)
 	w.Execute(ctx, plan.Steps(), nil)

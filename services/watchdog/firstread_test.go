@@ -38,13 +38,9 @@ func (u *unanswering) ListKeys(ctx context.Context, opts ...jetstream.WatchOpt) 
 // run's watchdog exited on a NATS election), and once the read succeeds
 // it has seen the host's heartbeat.
 func TestTheFirstHeartbeatReadWaitsForNATSInsteadOfExiting(t *testing.T) {
-	js, app := testkit.Log(t, "test")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	kv, err := eventlog.HeartbeatKV(ctx, js, 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, app, kv := heartbeatLog(ctx, t)
 	hb, _ := json.Marshal(events.Heartbeat{Host: "host-a", Boot: "b1", At: time.Now().UTC()})
 	if _, err := kv.Put(ctx, "host-a", hb); err != nil {
 		t.Fatal(err)
@@ -71,4 +67,43 @@ func TestTheFirstHeartbeatReadWaitsForNATSInsteadOfExiting(t *testing.T) {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		t.Fatal("test deadline passed")
 	}
+}
+
+// heartbeatLog is a log, an appender and the heartbeat bucket, on an
+// embedded server of the test's own.
+func heartbeatLog(ctx context.Context, t *testing.T) (jetstream.JetStream, *eventlog.Appender, jetstream.KeyValue) {
+	t.Helper()
+	js, app := testkit.Log(t, "test")
+	kv, err := eventlog.HeartbeatKV(ctx, js, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, app, kv
+}
+
+// refusing is a heartbeat bucket that takes no writes, as while its
+// replicas have no leader.
+type refusing struct{ jetstream.KeyValue }
+
+func (refusing) Put(context.Context, string, []byte) (uint64, error) {
+	return 0, errors.New("nats: no response from stream")
+}
+
+// Given a heartbeat bucket that takes no writes, when the watchdog's probe
+// writes to it, then the watchdog records a fault of NATS at that moment
+// on its clock (Loop.LastFault), which a provisioning or registration
+// deadline running across it is charged to (culprit), not the host.
+func TestAProbeWriteTheBucketRefusesIsAFaultOfNATS(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	js, app, kv := heartbeatLog(ctx, t)
+	at := time.Date(2026, 12, 7, 3, 0, 0, 0, time.UTC)
+	w := New(js, app, Params{}, clock.NewFake(at), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	pctx, stop := context.WithCancel(ctx)
+	w.wg.Add(1)
+	go w.probeHeartbeats(pctx, refusing{kv})
+	defer func() { stop(); w.wg.Wait() }()
+	testkit.Eventually(t, 10*time.Second, "the refused probe recorded as a fault of NATS", func() bool {
+		return w.Loop.LastFault().Equal(at)
+	})
 }

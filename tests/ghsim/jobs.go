@@ -222,10 +222,22 @@ func labelsMatch(jobLabels, runnerLabels []string) bool {
 	return true
 }
 
+// open reports whether j waits for a runner: queued, unassigned.
+func (j *job) open() bool { return j.status == StatusQueued && j.runnerID == 0 }
+
+// openJobsLocked is jobs from the oldest that may still be open, in
+// enqueue order (firstOpen).
+func (s *Sim) openJobsLocked() []*job {
+	for s.firstOpen < len(s.jobs) && !s.jobs[s.firstOpen].open() {
+		s.firstOpen++
+	}
+	return s.jobs[s.firstOpen:]
+}
+
 // pickJobLocked returns the oldest queued, unassigned job the runner can take.
 func (s *Sim) pickJobLocked(r *runner) *job {
-	for _, j := range s.jobs {
-		if j.status == StatusQueued && j.runnerID == 0 && mayTake(r, j) {
+	for _, j := range s.openJobsLocked() {
+		if j.open() && mayTake(r, j) {
 			return j
 		}
 	}

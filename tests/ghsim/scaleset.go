@@ -333,8 +333,8 @@ func (s *Sim) handleDeleteScaleSet(w http.ResponseWriter, r *http.Request) {
 // offerQueuedLocked puts every queued job no set holds yet into the first
 // set (by id) whose labels cover the job's, and tells that set.
 func (s *Sim) offerQueuedLocked() {
-	for _, j := range s.jobs {
-		if j.set == 0 && j.status == StatusQueued && j.runnerID == 0 {
+	for _, j := range s.openJobsLocked() {
+		if j.set == 0 && j.open() {
 			s.offerLocked(j)
 		}
 	}

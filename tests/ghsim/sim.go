@@ -102,8 +102,14 @@ type Sim struct {
 	srv     *http.Server
 	closed  bool
 	jobs    []*job // in enqueue (FIFO) order
-	jobByID map[int64]*job
-	runners map[int64]*runner // registered runners only
+	// firstOpen indexes jobs: every job before it has been taken or
+	// ended. A job only moves forward (queued, in progress, completed), so
+	// one taken never becomes open again, and a pick starts here instead
+	// of at the first job ever enqueued (openJobs): over 100,000 jobs the
+	// walk from the start was 8% of the bench's CPU and grew with the run.
+	firstOpen int
+	jobByID   map[int64]*job
+	runners   map[int64]*runner // registered runners only
 	// runnerNames: each registered runner's id by its name in lower case,
 	// so a registration checks GitHub's unique-name rule without a walk
 	// over every runner (10,000 runners made each mint a scan).

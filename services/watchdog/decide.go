@@ -59,8 +59,8 @@ type Params struct {
 	DegradeWindow time.Duration
 	// NATSFaultAt is not configured: it is the last time, on the
 	// watchdog's clock, that NATS failed the watchdog itself (its consumer
-	// lost a delivery or stalled, an append or a read of the log's end
-	// failed), set before each round. A deadline that ran across it is
+	// lost a delivery or stalled; an append, its heartbeat-bucket probe
+	// write or a read of the log's end failed), set before each round. A deadline that ran across it is
 	// charged to NATS, not to the host or the image (culprit).
 	NATSFaultAt time.Time
 }

@@ -108,13 +108,16 @@ func PrintHosts(w io.Writer, st events.Status, now time.Time) error {
 	return tw.Flush()
 }
 
-// PrintJobs lists the jobs the projection holds, newest first.
+// PrintJobs lists the jobs the projection holds, newest first, at most
+// limit of them (0: all), and says so below the table when it left some
+// out.
 func PrintJobs(w io.Writer, f *events.Fleet, limit int) error {
 	jobs := make([]*events.Job, 0, len(f.Jobs))
 	for _, j := range f.Jobs {
 		jobs = append(jobs, j)
 	}
 	sort.Slice(jobs, func(a, b int) bool { return jobs[a].QueuedAt.After(jobs[b].QueuedAt) })
+	all := len(jobs)
 	if limit > 0 && len(jobs) > limit {
 		jobs = jobs[:limit]
 	}
@@ -130,7 +133,14 @@ func PrintJobs(w io.Writer, f *events.Fleet, limit int) error {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", j.ID, status, dash(j.Conclusion), dash(pool), dash(j.Runner),
 			j.Minted, j.QueuedAt.Format(time.RFC3339))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(jobs) < all {
+		_, err := fmt.Fprintf(w, "(the newest %d of %d jobs; --limit 0 lists them all)\n", len(jobs), all)
+		return err
+	}
+	return nil
 }
 
 // ReleaseAttempt is the operator's hand release (`berth release ATTEMPT`):

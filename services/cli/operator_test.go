@@ -229,3 +229,29 @@ func appendAll(ctx context.Context, t *testing.T, app *eventlog.Appender, ps ...
 		}
 	}
 }
+
+// Given a log of three jobs, when they are listed with a limit of two,
+// then the newest two are listed and a line below says how many the list
+// left out and how to list them all; with no limit, no such line.
+func TestAJobListCutShortSaysSo(t *testing.T) {
+	f := events.NewFleet()
+	t0 := time.Date(2026, 12, 7, 4, 0, 0, 0, time.UTC)
+	for i := range 3 {
+		e := events.New("test", t0.Add(time.Duration(i)*time.Minute), &events.JobQueued{JobRef: events.JobRef{JobID: int64(i + 1), Labels: []string{"linux"}}})
+		e.Seq = uint64(i + 1)
+		f.Apply(e)
+	}
+	var cut, whole strings.Builder
+	if err := cli.PrintJobs(&cut, f, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.PrintJobs(&whole, f, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(cut.String(), "(the newest 2 of 3 jobs; --limit 0 lists them all)") || strings.Contains(cut.String(), "\n1 ") {
+		t.Fatalf("listed with --limit 2:\n%s\nwant jobs 3 and 2 and a line saying 2 of 3", cut.String())
+	}
+	if strings.Contains(whole.String(), "newest") || !strings.Contains(whole.String(), "\n1 ") {
+		t.Fatalf("listed with no limit:\n%s\nwant every job and no note", whole.String())
+	}
+}

@@ -151,7 +151,7 @@ func (f Filter) nothing() error {
 	case f.Attempt != "":
 		what, list = "attempt "+f.Attempt, "berth status lists the attempts holding slots, and berth events --job ID shows which attempt took a job (a warm VM's, or another job's runner, may have)"
 	case f.Job != 0:
-		what, list = fmt.Sprintf("job %d", f.Job), "berth jobs lists the jobs the log holds"
+		what, list = fmt.Sprintf("job %d", f.Job), "berth jobs lists the jobs the log holds, newest first (--limit 0: all of them)"
 	case f.Host != "":
 		what, list = "host "+f.Host, "berth hosts lists the hosts"
 	case f.Pool != "":

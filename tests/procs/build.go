@@ -39,6 +39,7 @@ var (
 // from TestMain: os.Exit(procs.Main(m)).
 func Main(m *testing.M) int {
 	code := m.Run()
+	releasePorts()
 	if buildDir != "" {
 		_ = os.RemoveAll(buildDir)
 	}

@@ -7,8 +7,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -102,7 +104,11 @@ var (
 
 // freePort picks a port to listen on, and to listen on again after a
 // restart: below Linux's ephemeral range (32768 and up), so that no
-// outgoing connection is handed it while its process is down.
+// outgoing connection is handed it while its process is down. It is
+// reserved for this test binary across processes too (reservePort): two
+// test binaries that restart their services (the chaos and the crash
+// tests, or two chaos runs at once) each found a port free while the
+// other's service was down, and one's restart then failed to listen.
 func freePort(t testing.TB) int {
 	t.Helper()
 	portsMu.Lock()
@@ -117,11 +123,56 @@ func freePort(t testing.TB) int {
 			continue
 		}
 		ln.Close()
+		if !reservePort(port) {
+			continue // another test binary holds it, its process down for now
+		}
 		portsGiven[port] = true
 		return port
 	}
 	t.Fatal("no free port between 20000 and 32000")
 	return 0
+}
+
+// portsDir holds one file per port a running test binary reserved, named
+// after the port and holding its pid.
+var portsDir = filepath.Join(os.TempDir(), "berth-procs-ports")
+
+// reservePort claims port for this process unless a live process holds
+// it; a claim whose process is gone (a killed test binary) is taken over.
+// Main releases this process's claims.
+func reservePort(port int) bool {
+	if err := os.MkdirAll(portsDir, 0o755); err != nil {
+		return true // no place to reserve in: pick as before
+	}
+	path := filepath.Join(portsDir, strconv.Itoa(port))
+	me := []byte(strconv.Itoa(os.Getpid()))
+	for range 2 {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err == nil {
+			_, _ = f.Write(me)
+			_ = f.Close()
+			return true
+		}
+		owner, rerr := os.ReadFile(path)
+		pid, perr := strconv.Atoi(strings.TrimSpace(string(owner)))
+		if rerr != nil || perr != nil || pid <= 0 || syscall.Kill(pid, 0) == nil {
+			return false // held (or being written) by a live process
+		}
+		_ = os.Remove(path) // its process is gone
+	}
+	return false
+}
+
+// releasePorts removes this process's port claims.
+func releasePorts() {
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for port := range portsGiven {
+		path := filepath.Join(portsDir, strconv.Itoa(port))
+		if owner, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(owner)) == strconv.Itoa(os.Getpid()) {
+			_ = os.Remove(path)
+		}
+	}
 }
 
 // StartCluster starts a bare cluster of n nats-server processes (no

@@ -3,7 +3,6 @@ package bench
 import (
 	"bytes"
 	"fmt"
-	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -75,15 +74,6 @@ func SharesOf(raw []byte) (CPUShares, error) {
 		out[partOf(funcsOf(s))] += time.Duration(s.Value[idx])
 	}
 	return out, nil
-}
-
-// profileCPU profiles the process's CPU into buf until stop (a profile
-// already running, from -cpuprofile, is left to its owner: ok is false).
-func profileCPU(buf *bytes.Buffer) (stop func(), ok bool) {
-	if err := pprof.StartCPUProfile(buf); err != nil {
-		return func() {}, false
-	}
-	return pprof.StopCPUProfile, true
 }
 
 // HeapShares is in-use heap by part: bytes and objects.

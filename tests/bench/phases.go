@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -122,6 +121,9 @@ type runOut struct {
 type feed struct {
 	rate  float64 // jobs per second; 0 with limit 0: as fast as the sim takes them
 	limit int64   // max jobs enqueued and not completed; 0 for no limit
+	// onStart, when set, is handed the run's counter before the first
+	// enqueue (the throughput phase profiles the run a tenth at a time).
+	onStart func(*Counter)
 }
 
 func (e Env) drive(ctx context.Context, phase string, f *Fleet, specs []ghsim.JobSpec, fd feed, done func(c *Counter) bool) (runOut, error) {
@@ -143,6 +145,9 @@ func (e Env) drive(ctx context.Context, phase string, f *Fleet, specs []ghsim.Jo
 			c.Get(events.TypeSlotReleased), c.Get(events.TypeAttemptStopped), total, time.Since(last).Round(time.Millisecond), f.RunnerFailures())
 	}
 	progress := func() int64 { t, _ := c.Total(); return t }
+	if fd.onStart != nil {
+		fd.onStart(c)
+	}
 	out.start = time.Now()
 	deadline := out.start.Add(e.Timeout)
 	defer e.every(30*time.Second, func() { e.say("%s: %s", phase, status()) })()
@@ -201,10 +206,10 @@ func Throughput(ctx context.Context, e Env, o ThroughputOptions) (Result, error)
 	defer f.Close()
 	specs := Workload(o.Jobs, e.Seed, 0.3, 0, 0, e.BareLabel)
 	e.say("throughput: %d jobs of zero duration on %d hosts (64 linux + 32 macos slots each)", o.Jobs, o.Hosts)
-	// Always profiled: the profile's samples say whose the CPU was.
-	var prof bytes.Buffer
-	stopProfile, profiling := profileCPU(&prof)
-	fd := feed{}
+	// Always profiled, a tenth at a time: the samples say whose the CPU
+	// was, and the first and last tenths' say what a slower end cost.
+	var tp *tenths
+	fd := feed{onStart: func(c *Counter) { tp = profileTenths(c, o.Jobs) }}
 	if o.Jobs > throughputBacklog {
 		// A long run grows the history, not the queue: at most this many
 		// jobs wait or run at once, so flatness measures the cost of what
@@ -214,18 +219,17 @@ func Throughput(ctx context.Context, e Env, o ThroughputOptions) (Result, error)
 	cpuBefore := processCPU()
 	run, err := e.drive(ctx, "throughput", f, specs, fd, settled(o.Jobs))
 	cpu := processCPU() - cpuBefore
-	stopProfile()
+	var parts []tenth
+	if tp != nil {
+		parts = tp.Stop()
+	}
 	if err != nil {
 		return res, err
 	}
 	var shares CPUShares
-	if profiling {
-		if o.CPUProfile != "" {
-			if err := os.WriteFile(o.CPUProfile, prof.Bytes(), 0o644); err != nil {
-				return res, err
-			}
-		}
-		if shares, err = SharesOf(prof.Bytes()); err != nil {
+	var byTenth []string
+	if tp != nil {
+		if shares, byTenth, err = readTenths(parts, o.CPUProfile); err != nil {
 			return res, err
 		}
 	}
@@ -285,7 +289,42 @@ func Throughput(ctx context.Context, e Env, o ThroughputOptions) (Result, error)
 		"the raw references publish to a scratch stream on the same server with no Nats-Msg-Id and no expected-sequence check; Berth's appends carry both and wait for each ack",
 	)
 	res.Notes = append(res.Notes, "measured with the CPU profiler on (it parts the CPU by owner); "+e.senders()+"; "+e.jitHandOver())
+	res.Notes = append(res.Notes, byTenth...)
 	return res, nil
+}
+
+// readTenths parts the run's CPU by owner from its tenths' profiles and
+// describes each tenth; with path set it writes the whole run's profile
+// there, the first and last tenths' beside it (path.first, path.last:
+// `go tool pprof -diff_base path.first path.last` shows what grew), and
+// the heap profile at the run's end (path.heap).
+func readTenths(parts []tenth, path string) (CPUShares, []string, error) {
+	whole, err := mergeProfiles(parts)
+	if err != nil {
+		return nil, nil, err
+	}
+	if path != "" && len(parts) > 0 {
+		last := parts[len(parts)-1]
+		for name, raw := range map[string][]byte{path: whole, path + ".first": parts[0].Profile, path + ".last": last.Profile, path + ".heap": last.Heap} {
+			if err := os.WriteFile(name, raw, 0o644); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	shares, err := SharesOf(whole)
+	if err != nil {
+		return nil, nil, err
+	}
+	var lines []string
+	prev := int64(0)
+	for i, t := range parts {
+		line, err := tenthLine(i, t, prev)
+		if err != nil {
+			return nil, nil, err
+		}
+		lines, prev = append(lines, line), t.Released
+	}
+	return shares, lines, nil
 }
 
 // cpuByPart is the CPU per lifecycle of each part of the process, from

@@ -166,12 +166,20 @@ func (f *Fleet) startSim(o FleetOptions, dispAddr, secret string) (string, error
 		Org: "example-org", Repo: "example-repo", FixturesDir: o.Fixtures, AcquireTimeout: 5 * time.Second,
 		// GitHub's own budget (15,000 calls an hour, one JIT config per job)
 		// would cap a long run near 4 jobs/s: the bench measures Berth.
-		RateLimitPerHour: 1 << 30, HookSenders: o.HookSenders})
+		RateLimitPerHour: 1 << 30, HookSenders: o.HookSenders,
+		// GitHub keeps the webhooks it sent outside Berth's processes:
+		// the bench's stand-in keeps the newest few, not every payload
+		// of the run in the heap it measures (ghsim.Config.KeepDeliveries).
+		KeepDeliveries: benchKeepDeliveries})
 	if err != nil {
 		return "", err
 	}
 	return f.Sim.Start("127.0.0.1:0")
 }
+
+// benchKeepDeliveries is how many webhooks the bench's simulator remembers:
+// well above what the jobs waiting or running at once produce.
+const benchKeepDeliveries = 20000
 
 // fleetConfig is the dispatcher's and the watchdog's configuration; the
 // agents are added one by one by startAgents.

@@ -79,6 +79,13 @@ type Config struct {
 	// id), so a bench measures the receiver, not a single queue in front
 	// of it.
 	HookSenders int
+	// KeepDeliveries bounds the deliveries the sim remembers (Deliveries,
+	// the hook deliveries API, Redeliver) to about the newest this many,
+	// bodies and all; 0 keeps every one. GitHub keeps a hook's deliveries
+	// for 3 days, outside the receiver's process; a bench that runs
+	// 100,000 jobs in the process it measures would otherwise hold some
+	// 25 KiB of payloads a job (three real-sized webhooks) for the run.
+	KeepDeliveries int
 }
 
 // Sim is a simulated GitHub. All methods are safe for concurrent use.

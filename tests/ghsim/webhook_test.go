@@ -136,6 +136,30 @@ func TestRedeliverKeepsDeliveryID(t *testing.T) {
 	}
 }
 
+// Given a sim that keeps 2 deliveries, when 6 jobs are queued, then every
+// webhook is still sent, the sim remembers at most twice that many (the
+// newest among them), and the oldest can no longer be redelivered.
+func TestASimThatKeepsFewDeliveriesForgetsTheOldest(t *testing.T) {
+	sim, rc := newSim(t, func(c *ghsim.Config) { c.KeepDeliveries = 2 })
+	sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted"}})
+	testkit.Eventually(t, waitLimit, "first delivery", func() bool { return len(rc.all()) == 1 })
+	oldest := sim.Deliveries()[0].ID
+	for range 5 {
+		sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted"}})
+	}
+	testkit.Eventually(t, waitLimit, "six deliveries sent", func() bool { return len(rc.all()) == 6 })
+	d := sim.Deliveries()
+	if len(d) < 2 || len(d) > 4 {
+		t.Fatalf("the sim remembers %d deliveries, want 2 to 4", len(d))
+	}
+	if newest := rc.all()[5].delivery; d[len(d)-1].ID != newest {
+		t.Fatalf("the newest delivery remembered is %s, want %s", d[len(d)-1].ID, newest)
+	}
+	if err := sim.Redeliver(oldest); err == nil {
+		t.Fatal("the oldest delivery, forgotten, was redelivered")
+	}
+}
+
 func TestFailedDeliveriesAreRecordedNotRetried(t *testing.T) {
 	sim, rc := newSim(t)
 	rc.setStatus(http.StatusInternalServerError)

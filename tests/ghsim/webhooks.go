@@ -94,6 +94,12 @@ func (s *Sim) emitJobLocked(action string, j *job) {
 func (s *Sim) queueLocked(d *delivery) {
 	s.nextHookNo++
 	d.num = s.nextHookNo
+	if k := s.cfg.KeepDeliveries; k > 0 && len(s.deliveries) >= 2*k {
+		// Forget the oldest half at once, so that each delivery costs one
+		// copy however long the run; one still queued is sent all the
+		// same (the outbox holds it).
+		s.deliveries = append(s.deliveries[:0:0], s.deliveries[len(s.deliveries)-k:]...)
+	}
 	s.deliveries = append(s.deliveries, d)
 	i := int(uint64(d.view.JobID) % uint64(len(s.outbox))) // a job's deliveries stay in order
 	s.outbox[i] = append(s.outbox[i], d)

@@ -479,6 +479,7 @@ func (f *Fleet) CompactAfter(now time.Time, settle, retention time.Duration) (jo
 					f.markAttempt(r)
 				}
 			}
+			f.uncount(j)
 			delete(f.Jobs, id)
 			f.markJob(id)
 			jobs++

@@ -164,8 +164,12 @@ func (f *Fleet) attempt(id, pool, host string) *Attempt {
 		a = &Attempt{ID: id}
 		f.Attempts[id] = a
 	}
-	if a.Pool == "" {
+	if a.Pool == "" && pool != "" {
 		a.Pool = pool
+		// Every pool an attempt names has its record, in whatever order
+		// the facts came: the operator's status lists it (view.go) from
+		// the records, not from a walk over every attempt.
+		f.pool(pool)
 	}
 	if a.Host == "" {
 		a.Host = host

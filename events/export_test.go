@@ -19,3 +19,39 @@ func PackedBytes(low uint8, keys []uint64) int {
 	p := packed{low: low}.with(keys)
 	return len(p.data) + 12*len(p.heads)
 }
+
+// StatusByScan is Status as it was derived before the live index kept its
+// figures: a walk over every job and attempt the fold keeps. What the
+// index gives must equal it.
+func (f *Fleet) StatusByScan(slots bool) Status {
+	b := newStatusBuilder(f)
+	b.slots = slots
+	for _, a := range f.Attempts {
+		if a.Pool != "" {
+			b.addAttempt(a) // every attempt, where the index gives the shown ones
+		}
+	}
+	for _, j := range f.Jobs {
+		switch {
+		case j.Unschedulable && j.Status < StatusInProgress:
+			b.st.Jobs.Unschedulable++
+		case j.Status == StatusWaiting:
+			b.st.Jobs.Waiting++
+		case j.Status == StatusQueued:
+			b.st.Jobs.Queued++
+			if name := b.match.MatchJob(j); name != "" {
+				b.pool(name).PendingDemand++
+			} else {
+				b.st.Jobs.Unmatched++
+			}
+		case j.Status == StatusInProgress:
+			b.st.Jobs.InProgress++
+		case j.Status == StatusCompleted:
+			b.st.Jobs.Completed++
+		}
+	}
+	b.addHosts()
+	b.addAlarms()
+	b.st.Jobs.Completed += f.history.jobs.len()
+	return b.finish()
+}

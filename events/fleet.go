@@ -47,7 +47,8 @@ type Job struct {
 	// torn down while it runs; a JobConflict records it.
 	AlsoOn string
 
-	labelKey string // Labels joined, set with them: what matching keys on
+	labelKey string    // Labels joined, set with them: what matching keys on
+	counted  jobBucket // the status figure the live index counts it under (live.counts)
 }
 
 // LabelKey is the job's labels as one canonical string (LabelKey of its

@@ -123,6 +123,25 @@ func benchFleet(n int) *events.Fleet {
 	return l.f
 }
 
+// windowFleet folds 100 queued jobs, 100 running and done completed ones,
+// whose whole records a fold keeps for the settle window
+// (events.DefaultSettleAfter): a busy fleet's last ten minutes.
+func windowFleet(done int) *events.Fleet {
+	l := &benchLog{f: events.NewFleet()}
+	l.add(benchHosts(10, 200+done)...)
+	for i := 0; i < 200+done; i++ {
+		st := stageDone
+		switch {
+		case i < 100:
+			st = stageQueued
+		case i < 200:
+			st = stageRunning
+		}
+		l.add(benchLifecycle(int64(i+1), "host-"+strconv.Itoa(i%10), st)...)
+	}
+	return l.f
+}
+
 // BenchmarkApplyLifecycle folds one job's ten facts per op into a fleet that
 // keeps every job (as it does within the retention), and reports the heap the
 // fold retains per job after a forced GC. The facts are made by encoding and
@@ -273,6 +292,21 @@ func BenchmarkStatus(b *testing.B) {
 		for _, v := range views {
 			b.Run(v.name+"jobs="+strconv.Itoa(n), func(b *testing.B) {
 				f := benchFleet(n)
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					_ = v.read(f)
+				}
+			})
+		}
+	}
+	// The same 200 live jobs behind a growing settle window: a status
+	// costs what is live, not what the fold keeps.
+	for _, done := range []int{1000, 100000} {
+		for _, v := range views {
+			b.Run(v.name+"live=200/done="+strconv.Itoa(done), func(b *testing.B) {
+				f := windowFleet(done)
+				_ = v.read(f) // the live index is built on first read
 				b.ReportAllocs()
 				b.ResetTimer()
 				for i := 0; i < b.N; i++ {

@@ -42,6 +42,83 @@ type live struct {
 	degraded   map[string]map[string]*Host
 	filed      map[string][]filing
 	dirtyHosts map[string]struct{}
+	// shown holds the attempts the operator's status counts (shownInStatus:
+	// a held slot, or an abandoned VM not seen stopped), and counts the
+	// jobs the fold keeps by the status they count under, each job's
+	// bucket kept on it (Job.counted) so a change moves it: a status read
+	// once a second then walks the live fleet, not the records the fold
+	// keeps for the settle window (at 500 jobs/s, 300,000 of them).
+	shown  map[string]*Attempt
+	counts JobCounts
+}
+
+// jobBucket is the JobCounts figure a job counts under.
+type jobBucket uint8
+
+const (
+	notCounted jobBucket = iota
+	countedWaiting
+	countedQueued
+	countedInProgress
+	countedCompleted
+	countedUnschedulable
+)
+
+// bucketOf is the figure the operator's status counts the job under: a
+// job given up on before it ran is unschedulable, whatever its status.
+func bucketOf(j *Job) jobBucket {
+	switch {
+	case j.Unschedulable && j.Status < StatusInProgress:
+		return countedUnschedulable
+	case j.Status == StatusWaiting:
+		return countedWaiting
+	case j.Status == StatusQueued:
+		return countedQueued
+	case j.Status == StatusInProgress:
+		return countedInProgress
+	case j.Status == StatusCompleted:
+		return countedCompleted
+	}
+	return notCounted
+}
+
+// bump adds d to the figure b names.
+func (c *JobCounts) bump(b jobBucket, d int) {
+	switch b {
+	case countedWaiting:
+		c.Waiting += d
+	case countedQueued:
+		c.Queued += d
+	case countedInProgress:
+		c.InProgress += d
+	case countedCompleted:
+		c.Completed += d
+	case countedUnschedulable:
+		c.Unschedulable += d
+	}
+}
+
+// recount moves a job to the figure it counts under now.
+func (l *live) recount(j *Job) {
+	if b := bucketOf(j); b != j.counted {
+		l.counts.bump(j.counted, -1)
+		l.counts.bump(b, +1)
+		j.counted = b
+	}
+}
+
+// uncount takes a job the fold drops out of the counts.
+func (f *Fleet) uncount(j *Job) {
+	if f.live.built {
+		f.live.counts.bump(j.counted, -1)
+	}
+	j.counted = notCounted
+}
+
+// shownInStatus: the operator's status counts the attempt in its pool, as
+// a held slot or as an abandoned VM not seen stopped.
+func shownInStatus(a *Attempt) bool {
+	return a.Pool != "" && (a.Held() || (a.Abandoned && !a.Stopped))
 }
 
 // filing is where fileHost put a host: a pool and its rank there.
@@ -214,33 +291,7 @@ func (f *Fleet) markAttempt(id string) {
 func (f *Fleet) settle() {
 	l := &f.live
 	if !l.built {
-		*l = live{built: true, jobs: map[int64]*Job{}, attempts: map[string]*Attempt{}, vms: map[string]*Attempt{}, unquiet: map[string]*Attempt{},
-			dirtyJobs: map[int64]struct{}{}, dirtyAttempts: map[string]struct{}{}, conflicts: map[int64]*Job{}, shapeless: map[int64]*Job{},
-			ranked: map[string][]RoomEntry{}, degraded: map[string]map[string]*Host{}, filed: map[string][]filing{},
-			dirtyHosts: map[string]struct{}{}}
-		for _, h := range f.Hosts {
-			f.fileHost(h)
-		}
-		for id, j := range f.Jobs {
-			if j.open() {
-				l.jobs[id] = j
-			}
-			if j.conflictToRecord() {
-				l.conflicts[id] = j
-			}
-		}
-		f.rematchDemand()
-		for id, a := range f.Attempts {
-			if f.actionable(a) {
-				l.attempts[id] = a
-				if !f.quiet(a) {
-					l.unquiet[id] = a
-				}
-			}
-			if vmPending(a) {
-				l.vms[id] = a
-			}
-		}
+		f.buildLive()
 		return
 	}
 	for name := range l.dirtyHosts {
@@ -249,9 +300,57 @@ func (f *Fleet) settle() {
 		}
 	}
 	l.dirtyHosts = emptied(l.dirtyHosts)
+	f.rejudgeJobs()
+	f.rejudgeAttempts()
+}
+
+// buildLive builds the index from a full scan of the fold.
+func (f *Fleet) buildLive() {
+	l := &f.live
+	*l = live{built: true, jobs: map[int64]*Job{}, attempts: map[string]*Attempt{}, vms: map[string]*Attempt{}, unquiet: map[string]*Attempt{},
+		dirtyJobs: map[int64]struct{}{}, dirtyAttempts: map[string]struct{}{}, conflicts: map[int64]*Job{}, shapeless: map[int64]*Job{},
+		ranked: map[string][]RoomEntry{}, degraded: map[string]map[string]*Host{}, filed: map[string][]filing{},
+		dirtyHosts: map[string]struct{}{}, shown: map[string]*Attempt{}}
+	for _, h := range f.Hosts {
+		f.fileHost(h)
+	}
+	for id, j := range f.Jobs {
+		j.counted = notCounted
+		l.recount(j)
+		if j.open() {
+			l.jobs[id] = j
+		}
+		if j.conflictToRecord() {
+			l.conflicts[id] = j
+		}
+	}
+	f.rematchDemand()
+	for id, a := range f.Attempts {
+		if f.actionable(a) {
+			l.attempts[id] = a
+			if !f.quiet(a) {
+				l.unquiet[id] = a
+			}
+		}
+		if vmPending(a) {
+			l.vms[id] = a
+		}
+		if shownInStatus(a) {
+			l.shown[id] = a
+		}
+	}
+}
+
+// rejudgeJobs moves each job marked since the last read into or out of
+// the index's sets, its status count and its pool's demand.
+func (f *Fleet) rejudgeJobs() {
+	l := &f.live
 	rematch := l.demand.gen != f.labels.gen
 	for id := range l.dirtyJobs {
 		j := f.Jobs[id]
+		if j != nil {
+			l.recount(j)
+		}
 		if j != nil && j.open() {
 			l.jobs[id] = j
 		} else {
@@ -270,23 +369,26 @@ func (f *Fleet) settle() {
 	if rematch {
 		f.rematchDemand()
 	}
+}
+
+// rejudgeAttempts moves each attempt marked since the last read into or
+// out of the index's sets.
+func (f *Fleet) rejudgeAttempts() {
+	l := &f.live
 	for id := range l.dirtyAttempts {
 		a := f.Attempts[id]
-		if a != nil && f.actionable(a) {
-			l.attempts[id] = a
-		} else {
-			delete(l.attempts, id)
+		keep := func(set map[string]*Attempt, in bool) {
+			if in {
+				set[id] = a
+			} else {
+				delete(set, id)
+			}
 		}
-		if a != nil && f.actionable(a) && !f.quiet(a) {
-			l.unquiet[id] = a
-		} else {
-			delete(l.unquiet, id)
-		}
-		if a != nil && vmPending(a) {
-			l.vms[id] = a
-		} else {
-			delete(l.vms, id)
-		}
+		actionable := a != nil && f.actionable(a)
+		keep(l.attempts, actionable)
+		keep(l.unquiet, actionable && !f.quiet(a))
+		keep(l.vms, a != nil && vmPending(a))
+		keep(l.shown, a != nil && shownInStatus(a))
 	}
 	l.dirtyAttempts = emptied(l.dirtyAttempts)
 }

@@ -160,6 +160,16 @@ func TestPropertyLiveIndexEqualsAFullScan(t *testing.T) {
 }
 
 func requireIndexed(t *rapid.T, f *events.Fleet, after int) {
+	for _, slots := range []bool{false, true} {
+		want := f.StatusByScan(slots)
+		got := f.StatusCounts()
+		if slots {
+			got = f.Status()
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("after %d events: the status from the index differs from a full scan's (held slots listed: %v):\nindex %+v\nscan  %+v", after, slots, got, want)
+		}
+	}
 	wantJobs, wantAttempts, wantVMs, wantUnquiet := map[int64]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for id, j := range f.Jobs {
 		if j.Demand() || (j.Conflict != "" && !j.ConflictRecorded && j.Status == events.StatusInProgress) || (j.AlsoOn != "" && !j.ConflictRecorded) {

@@ -139,6 +139,7 @@ func (f *Fleet) Status() Status { return f.status(true) }
 func (f *Fleet) StatusCounts() Status { return f.status(false) }
 
 func (f *Fleet) status(slots bool) Status {
+	f.settle()
 	b := newStatusBuilder(f)
 	b.slots = slots
 	b.addAttempts()
@@ -193,29 +194,32 @@ func (b *statusBuilder) pool(name string) *PoolStatus {
 }
 
 // addAttempts counts abandoned VMs and held slots, and lists each held slot
-// beside the attempt that accounts for it (law 6).
+// beside the attempt that accounts for it (law 6). It walks the live
+// index's shown attempts, not every record the fold keeps.
 func (b *statusBuilder) addAttempts() {
-	for _, a := range b.f.Attempts {
-		if a.Pool == "" {
-			continue
-		}
-		p := b.pool(a.Pool)
-		if a.Abandoned && !a.Stopped {
-			p.AbandonedVMs++
-			b.st.Abandoned = append(b.st.Abandoned, AbandonedVM{a.ID, a.Pool, a.Host, a.AbandonedStep, a.AbandonedAt})
-		}
-		if !a.Held() {
-			continue
-		}
-		p.Held++
-		bound := b.f.BoundJob(a.ID)
-		countHeld(p, a, bound)
-		if bound == 0 {
-			b.unbound[a.Pool]++
-		}
-		if !b.slots {
-			continue
-		}
+	for _, a := range b.f.live.shown {
+		b.addAttempt(a)
+	}
+}
+
+// addAttempt counts one attempt that names a pool: as an abandoned VM if
+// no stop is recorded, and as a held slot if it holds one.
+func (b *statusBuilder) addAttempt(a *Attempt) {
+	p := b.pool(a.Pool)
+	if a.Abandoned && !a.Stopped {
+		p.AbandonedVMs++
+		b.st.Abandoned = append(b.st.Abandoned, AbandonedVM{a.ID, a.Pool, a.Host, a.AbandonedStep, a.AbandonedAt})
+	}
+	if !a.Held() {
+		return
+	}
+	p.Held++
+	bound := b.f.BoundJob(a.ID)
+	countHeld(p, a, bound)
+	if bound == 0 {
+		b.unbound[a.Pool]++
+	}
+	if b.slots {
 		p.HeldBy = append(p.HeldBy, HeldSlot{Attempt: a.ID, Host: a.Host, Stage: a.Stage(), JobID: a.JobID, Bound: bound})
 	}
 }
@@ -240,26 +244,20 @@ func countHeld(p *PoolStatus, a *Attempt, bound int64) {
 	}
 }
 
-// addJobs counts jobs by status; a queued job is demand on the pool its
-// labels match, or unmatched if none does.
+// addJobs takes the jobs' counts by status from the live index, and files
+// each queued job as demand on the pool its labels match, or unmatched if
+// none does: a queued job is open (live.jobs), so this walks the backlog,
+// not every job the fold keeps.
 func (b *statusBuilder) addJobs() {
-	for _, j := range b.f.Jobs {
-		switch {
-		case j.Unschedulable && j.Status < StatusInProgress:
-			b.st.Jobs.Unschedulable++
-		case j.Status == StatusWaiting:
-			b.st.Jobs.Waiting++
-		case j.Status == StatusQueued:
-			b.st.Jobs.Queued++
-			if name := b.match.MatchJob(j); name != "" {
-				b.pool(name).PendingDemand++
-			} else {
-				b.st.Jobs.Unmatched++
-			}
-		case j.Status == StatusInProgress:
-			b.st.Jobs.InProgress++
-		case j.Status == StatusCompleted:
-			b.st.Jobs.Completed++
+	b.st.Jobs = b.f.live.counts
+	for _, j := range b.f.live.jobs {
+		if j.Status != StatusQueued || j.Unschedulable {
+			continue
+		}
+		if name := b.match.MatchJob(j); name != "" {
+			b.pool(name).PendingDemand++
+		} else {
+			b.st.Jobs.Unmatched++
 		}
 	}
 }

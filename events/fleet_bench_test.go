@@ -125,7 +125,7 @@ func benchFleet(n int) *events.Fleet {
 
 // windowFleet folds 100 queued jobs, 100 running and done completed ones,
 // whose whole records a fold keeps for the settle window
-// (events.DefaultSettleAfter): a busy fleet's last ten minutes.
+// (events.DefaultSettleAfter): a busy fleet's last minute.
 func windowFleet(done int) *events.Fleet {
 	l := &benchLog{f: events.NewFleet()}
 	l.add(benchHosts(10, 200+done)...)
@@ -380,7 +380,7 @@ func BenchmarkDecisionIndexes(b *testing.B) {
 
 // BenchmarkMarshalSnapshot marshals a fold holding the whole records of
 // jobs that ended less than DefaultSettleAfter ago (a busy fleet's last
-// ten minutes): the work a service's loop does at each snapshot. "bytes"
+// minute): the work a service's loop does at each snapshot. "bytes"
 // is MarshalSnapshot, the whole text in one buffer (what a restart test
 // or the bench stores); "streamed" is what a service does: the fold
 // frozen, then encoded in pieces into a writer (a compressor; here one

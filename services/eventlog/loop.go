@@ -614,7 +614,7 @@ func (l *Loop) final(st *snapState) {
 
 // snapshotShare bounds the loop's time spent encoding snapshots: the next
 // snapshot waits at least snapshotShare times as long as the last one
-// took. A fold holding the records of a busy fleet's last ten minutes
+// took. A fold holding the records of a busy fleet's settle window
 // (tens of thousands of jobs) takes seconds to encode, and every minute
 // would stop the loop that long, again and again, as history grows within
 // the window; a restart then folds a longer tail, which is cheap beside it.

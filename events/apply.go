@@ -1,6 +1,8 @@
 package events
 
 import (
+	"cmp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -419,10 +421,24 @@ func (f *Fleet) Compact(now time.Time, retention time.Duration) (jobs, attempts 
 // that nothing can act on any more leaves only its id and when it ended
 // (history.go, issue 19): a few bytes instead of a record, enough to make
 // a redelivered webhook or a late fact about it harmless; the id is
-// dropped at the retention.
+// dropped at the retention. Of those over for SettleEarlyAfter but not yet
+// settle, only the newest KeepOver keep their records (settling).
 func (f *Fleet) CompactAfter(now time.Time, settle, retention time.Duration) (jobs, attempts int) {
+	return f.compact(now, settling{after: settle, early: SettleEarlyAfter, keep: KeepOver}, retention)
+}
+
+// settling is when Compact leaves only the id of what is over: after
+// `after`, or after `early` for all but the newest `keep` (jobs and
+// attempts counted apart).
+type settling struct {
+	after, early time.Duration
+	keep         int
+}
+
+func (f *Fleet) compact(now time.Time, s settling, retention time.Duration) (jobs, attempts int) {
 	cut := now.Add(-retention)
-	scut := now.Add(-min(settle, retention))
+	scut := now.Add(-min(s.after, retention))
+	ecut := now.Add(-min(s.early, s.after, retention))
 	pk := &f.history.peaks
 	pk.jobs, pk.attempts = max(pk.jobs, len(f.Jobs)), max(pk.attempts, len(f.Attempts))
 	pk.byRunner, pk.deliveries = max(pk.byRunner, len(f.byRunner)), max(pk.deliveries, len(f.Deliveries))
@@ -437,24 +453,54 @@ func (f *Fleet) CompactAfter(now time.Time, settle, retention time.Duration) (jo
 			f.live = live{}
 		}
 	}()
-	var settledA []tomb[string]
-	var settledP []stamped[uint64]
+	attempts = f.compactAttempts(cut, scut, ecut, s.keep)
+	jobs = f.compactJobs(cut, scut, ecut, s.keep)
+	f.dropOld(now, cut, ecut, retention)
+	return jobs, attempts
+}
+
+// compactAttempts settles the attempts over since scut, and those over
+// since ecut beyond the newest keep of them; it drops terminal ones whose
+// last fact is older than cut. It returns how many records left the fold.
+func (f *Fleet) compactAttempts(cut, scut, ecut time.Time, keep int) (n int) {
+	var settled, early []*Attempt
 	for id, a := range f.Attempts {
 		switch {
 		case f.settleAttempt(a, scut):
-			if k, ok := packAttempt(id); ok {
-				settledP = append(settledP, stamped[uint64]{k, a.LastAt.Unix()})
-			} else {
-				settledA = append(settledA, tomb[string]{id, a.LastAt.Unix()})
-			}
+			settled = append(settled, a)
 		case a.Terminal() && a.LastAt.Before(cut):
-		default:
-			continue
+			delete(f.Attempts, id)
+			f.markAttempt(id)
+			n++
+		case f.settleAttempt(a, ecut):
+			early = append(early, a)
 		}
-		delete(f.Attempts, id)
-		f.markAttempt(id)
-		attempts++
 	}
+	settled = append(settled, oldestBeyond(early, keep, func(a, b *Attempt) int {
+		return cmp.Or(a.LastAt.Compare(b.LastAt), strings.Compare(a.ID, b.ID))
+	})...)
+	var tombs []tomb[string]
+	var packedIDs []stamped[uint64]
+	for _, a := range settled {
+		if k, ok := packAttempt(a.ID); ok {
+			packedIDs = append(packedIDs, stamped[uint64]{k, a.LastAt.Unix()})
+		} else {
+			tombs = append(tombs, tomb[string]{a.ID, a.LastAt.Unix()})
+		}
+		delete(f.Attempts, a.ID)
+		f.markAttempt(a.ID)
+		n++
+	}
+	f.history.attempts.add(tombs)
+	f.history.placements.add(packedIDs)
+	return n
+}
+
+// compactJobs settles the completed jobs over since scut, and those over
+// since ecut beyond the newest keep of them, once no record of their
+// attempts is left; it drops what the retention no longer keeps. It
+// returns how many records left the fold.
+func (f *Fleet) compactJobs(cut, scut, ecut time.Time, keep int) (n int) {
 	// A job stays while an attempt booked for it, or whose runner took it,
 	// is live: its binding is how that attempt is accounted for (law 6, 8).
 	// It settles only once no record of those attempts is left.
@@ -465,39 +511,70 @@ func (f *Fleet) CompactAfter(now time.Time, settle, retention time.Duration) (jo
 		}
 		kept[a.JobID], kept[f.byRunner[a.ID]] = true, true
 	}
-	var settledJ []stamped[uint64]
+	var settled, early []*Job
 	for id, j := range f.Jobs {
-		settle := f.settleJob(j, scut) && !kept[id]
+		if busy[id] {
+			continue
+		}
 		done := j.Status == StatusCompleted && j.CompletedAt.Before(cut)
 		// A job only attempts mention (no webhook ever came) is kept while
 		// they are live, and dropped with them.
 		orphan := j.Status == StatusUnknown
-		if (settle || done || orphan || (j.Unschedulable && j.QueuedAt.Before(cut))) && !busy[id] {
-			for _, r := range []string{j.Runner, j.AlsoOn} {
-				if r != "" && f.byRunner[r] == id {
-					delete(f.byRunner, r)
-					f.markAttempt(r)
-				}
-			}
-			f.uncount(j)
-			delete(f.Jobs, id)
-			f.markJob(id)
-			jobs++
-			if settle {
-				settledJ = append(settledJ, stamped[uint64]{jobKey(id), j.CompletedAt.Unix()})
-			}
+		switch {
+		case f.settleJob(j, scut) && !kept[id]:
+			settled = append(settled, j)
+		case done || orphan || (j.Unschedulable && j.QueuedAt.Before(cut)):
+			f.dropJob(j)
+			n++
+		case f.settleJob(j, ecut):
+			early = append(early, j) // ranked with the rest, even while an attempt's record keeps it
 		}
 	}
-	f.history.jobs.add(settledJ)
-	f.history.attempts.add(settledA)
-	f.history.placements.add(settledP)
-	f.dropOld(now, cut, scut, retention)
-	return jobs, attempts
+	for _, j := range oldestBeyond(early, keep, func(a, b *Job) int {
+		return cmp.Or(a.CompletedAt.Compare(b.CompletedAt), cmp.Compare(a.ID, b.ID))
+	}) {
+		if !kept[j.ID] {
+			settled = append(settled, j)
+		}
+	}
+	tombs := make([]stamped[uint64], 0, len(settled))
+	for _, j := range settled {
+		f.dropJob(j)
+		tombs = append(tombs, stamped[uint64]{jobKey(j.ID), j.CompletedAt.Unix()})
+		n++
+	}
+	f.history.jobs.add(tombs)
+	return n
+}
+
+// dropJob takes a job's record, and its runners' bindings to it, out of
+// the fold.
+func (f *Fleet) dropJob(j *Job) {
+	for _, r := range []string{j.Runner, j.AlsoOn} {
+		if r != "" && f.byRunner[r] == j.ID {
+			delete(f.byRunner, r)
+			f.markAttempt(r)
+		}
+	}
+	f.uncount(j)
+	delete(f.Jobs, j.ID)
+	f.markJob(j.ID)
+}
+
+// oldestBeyond returns all but the newest keep of recs, ordered by older
+// (when each ended, then its id, so every fold picks the same).
+func oldestBeyond[R any](recs []R, keep int, older func(a, b R) int) []R {
+	if len(recs) <= keep {
+		return nil
+	}
+	slices.SortFunc(recs, older)
+	return recs[:len(recs)-keep]
 }
 
 // dropOld drops what the retention no longer keeps: settled ids, polled
 // repositories and cleared alarms older than cut, delivery ids older than
-// the delivery memory; and settles the delivery ids older than scut.
+// the delivery memory; and settles the delivery ids older than scut (a
+// delivery id's record shows nothing an operator reads: it settles early).
 func (f *Fleet) dropOld(now, cut, scut time.Time, retention time.Duration) {
 	f.history.jobs.dropBefore(cut.Unix())
 	f.history.attempts.dropBefore(cut.Unix())

@@ -1,5 +1,7 @@
 package events
 
+import "time"
+
 // ScanPoolLabels is PoolLabels from a walk over every host, as it was
 // computed before the fold kept it: what the kept labels must equal.
 func (f *Fleet) ScanPoolLabels() map[string][]string { l, _ := f.scanPoolLabels(); return l }
@@ -54,4 +56,10 @@ func (f *Fleet) StatusByScan(slots bool) Status {
 	b.addAlarms()
 	b.st.Jobs.Completed += f.history.jobs.len()
 	return b.finish()
+}
+
+// CompactKeeping is CompactAfter with its early settling given: of the
+// records over for early, all but the newest keep settle too.
+func (f *Fleet) CompactKeeping(now time.Time, settle, early time.Duration, keep int, retention time.Duration) (jobs, attempts int) {
+	return f.compact(now, settling{after: settle, early: early, keep: keep}, retention)
 }

@@ -11,16 +11,26 @@ import (
 )
 
 // DefaultSettleAfter is how long Compact keeps the whole record of a job or
-// an attempt that is over before it leaves only its id (a tombstone); the
-// id stays for the retention. A record settles only once nothing can act
-// on it (settleJob, settleAttempt) and a late fact about it is absorbed
-// (settledFact), so the wait guards nothing a decider needs: what it costs
-// is memory that follows the rate of jobs, not the live ones. At 300 jobs
-// a second ten minutes kept 180,000 records in each decider's fold (6.5
-// KiB a job across the bench's folds) and made every collection mark them;
-// a minute keeps a tenth of that. The services compact once a minute, so a
-// record settles one to two minutes after its last fact.
-const DefaultSettleAfter = time.Minute
+// an attempt that is over before it leaves only its id (a tombstone), and
+// SettleEarlyAfter and KeepOver bound what a busy fleet keeps inside that:
+// of the records over for SettleEarlyAfter, only the newest KeepOver jobs
+// and KeepOver attempts stay whole. The id stays for the retention.
+//
+// A record settles only once nothing can act on it (settleJob,
+// settleAttempt) and a late fact about it is absorbed (settledFact), so the
+// wait guards nothing a decider needs: it keeps recent jobs on the page
+// (its recent jobs and queue times are the dispatcher's records). What it
+// costs is memory and walks that follow the rate of jobs: at 300 jobs a
+// second ten minutes kept 180,000 records in each decider's fold (6.5 KiB a
+// job across the bench's folds), every collection marked them, and the
+// page walks them every 400 ms on the dispatcher's loop. The services
+// compact once a minute, so a busy fleet's folds keep what ended in its
+// last one to two minutes and KeepOver more.
+const (
+	DefaultSettleAfter = 10 * time.Minute
+	SettleEarlyAfter   = time.Minute
+	KeepOver           = 1000
+)
 
 // tomb is what is left of a job or an attempt that is over (issue 19): its
 // id, which makes a redelivered webhook or a late fact about it harmless,

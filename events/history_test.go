@@ -3,6 +3,7 @@ package events_test
 import (
 	"reflect"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -36,11 +37,8 @@ func TestSettledJobLeavesOnlyItsID(t *testing.T) {
 	if jobs, attempts := f.Compact(t0.Add(events.DefaultSettleAfter/2), 72*time.Hour); jobs != 0 || attempts != 0 {
 		t.Fatalf("Compact half DefaultSettleAfter after the end dropped %d jobs, %d attempts; want none before DefaultSettleAfter", jobs, attempts)
 	}
-	// The services compact once a minute: a record over is a tombstone
-	// within two minutes of its last fact, so a busy fleet's folds keep
-	// the records of its last minute or two, not of its last ten.
-	if jobs, attempts := f.Compact(t0.Add(2*time.Minute), 72*time.Hour); jobs != 1 || attempts != 1 {
-		t.Fatalf("Compact two minutes after the end settled %d jobs, %d attempts; want 1 and 1", jobs, attempts)
+	if jobs, attempts := f.Compact(t0.Add(time.Hour), 72*time.Hour); jobs != 1 || attempts != 1 {
+		t.Fatalf("Compact an hour after the end settled %d jobs, %d attempts; want 1 and 1", jobs, attempts)
 	}
 	if f.Jobs[1] != nil || f.Attempts[a.Attempt] != nil || !f.Settled(1) || !f.SettledAttempt(a.Attempt) || !f.KnownJob(1) {
 		t.Fatalf("after settling: job record %v, attempt record %v, settled %v/%v", f.Jobs[1], f.Attempts[a.Attempt], f.Settled(1), f.SettledAttempt(a.Attempt))
@@ -84,6 +82,65 @@ func TestSettledJobLeavesOnlyItsID(t *testing.T) {
 	}
 }
 
+// Given a fleet that ran KeepOver+3 jobs within a few minutes, when it compacts
+// two minutes after the last ended, then the three oldest leave only their
+// ids and the newest KeepOver keep their records (the page shows them),
+// though none is over for DefaultSettleAfter; the counts are unchanged;
+// and a fleet of KeepOver jobs keeps every record (issue 19: memory
+// follows the rate of jobs by a minute, not by ten).
+func TestABusyFleetKeepsTheRecordsOfItsNewestJobsOver(t *testing.T) {
+	ran := func(n int) (*events.Fleet, time.Time) {
+		s := &fastScript{}
+		evs := []events.Event{s.add(hostOnline("h1", 8, map[string]int{"linux": 4}))}
+		for i := 1; i <= n; i++ {
+			id := int64(i)
+			a := ref("berth-"+strconv.Itoa(i)+"-1", "linux", "h1")
+			evs = append(evs,
+				s.add(&events.JobQueued{JobRef: job(id, "self-hosted", "linux")}),
+				s.add(reserve(a.Attempt, "linux", "h1", id)),
+				s.add(&events.AttemptPlaced{AttemptRef: a, JobID: id, RunnerID: id}),
+				s.add(&events.JobInProgress{JobRef: job(id, "self-hosted", "linux"), RunnerName: a.Attempt}),
+				s.add(&events.JobCompleted{JobRef: job(id, "self-hosted", "linux"), RunnerName: a.Attempt, Conclusion: "success"}),
+				s.add(release(a.Attempt, "linux", "h1", events.ReleaseCompleted)),
+				s.add(&events.AttemptTeardownRequested{AttemptRef: a, Reason: events.ReleaseCompleted}),
+				s.add(&events.AttemptStopped{AttemptRef: a}),
+			)
+		}
+		return given(evs...), evs[len(evs)-1].Time
+	}
+	f, end := ran(events.KeepOver + 3)
+	before := f.StatusCounts()
+	if jobs, attempts := f.Compact(end.Add(2*time.Minute), 72*time.Hour); jobs != 3 || attempts != 3 {
+		t.Fatalf("Compact settled %d jobs and %d attempts; want the 3 oldest of each", jobs, attempts)
+	}
+	for id := int64(1); id <= 3; id++ {
+		if !f.Settled(id) || f.Jobs[id] != nil {
+			t.Fatalf("job %d, among the oldest, kept its record", id)
+		}
+	}
+	if f.Settled(4) || f.Jobs[4] == nil || len(f.Jobs) != events.KeepOver {
+		t.Fatalf("the newest %d jobs must keep their records: %d kept, job 4's %v", events.KeepOver, len(f.Jobs), f.Jobs[4])
+	}
+	if after := f.StatusCounts(); !reflect.DeepEqual(before, after) {
+		t.Fatalf("settling early changed what operators see:\nbefore %+v\n after %+v", before, after)
+	}
+	g, end := ran(events.KeepOver)
+	if jobs, attempts := g.Compact(end.Add(2*time.Minute), 72*time.Hour); jobs != 0 || attempts != 0 {
+		t.Fatalf("a fleet of %d jobs settled %d jobs and %d attempts before DefaultSettleAfter; want none", events.KeepOver, jobs, attempts)
+	}
+}
+
+// fastScript numbers facts in the order they are written: seq n at t0 +
+// n × 50 ms, so a thousand jobs' facts fit in DefaultSettleAfter.
+type fastScript struct{ n uint64 }
+
+func (s *fastScript) add(p events.Payload) events.Event {
+	s.n++
+	e := events.New("test", t0.Add(time.Duration(s.n)*50*time.Millisecond), p)
+	e.Seq = s.n
+	return e
+}
+
 // Given any valid history with redeliveries of earlier facts mixed in, a
 // fold that settles what is over (at random points, after a random settling
 // time) decides exactly as one that keeps every record: the same live jobs
@@ -107,7 +164,9 @@ func TestPropertySettlingChangesNoDecision(t *testing.T) {
 				settled.Apply(e)
 			}
 			if rapid.IntRange(0, 3).Draw(t, "compact") == 0 {
-				settled.CompactAfter(now, time.Duration(rapid.IntRange(0, 30).Draw(t, "settle s"))*time.Second, 1000*time.Hour)
+				after := rapid.IntRange(0, 60).Draw(t, "settle s")
+				early, keep := rapid.IntRange(0, after).Draw(t, "settle early s"), rapid.IntRange(0, 3).Draw(t, "keep")
+				settled.CompactKeeping(now, time.Duration(after)*time.Second, time.Duration(early)*time.Second, keep, 1000*time.Hour)
 			}
 			requireSameDecisions(t, settled, full, i)
 		}

@@ -53,6 +53,11 @@ type FleetOptions struct {
 	// HookSenders is how many webhook deliveries the simulator has in
 	// flight at once (ghsim.Config.HookSenders; 0: one at a time).
 	HookSenders int
+	// KeepDeliveries bounds the webhooks the simulator remembers
+	// (ghsim.Config.KeepDeliveries; 0: every one). GitHub keeps what it
+	// sent outside Berth's processes: a long run's payloads would
+	// otherwise sit in the heap the bench measures.
+	KeepDeliveries int
 	// JITFile: the VMs read their JIT configs from files (Env.JITFile).
 	JITFile bool
 	// Heartbeat is how often each agent beats; 0 means 1 s, five times
@@ -166,20 +171,12 @@ func (f *Fleet) startSim(o FleetOptions, dispAddr, secret string) (string, error
 		Org: "example-org", Repo: "example-repo", FixturesDir: o.Fixtures, AcquireTimeout: 5 * time.Second,
 		// GitHub's own budget (15,000 calls an hour, one JIT config per job)
 		// would cap a long run near 4 jobs/s: the bench measures Berth.
-		RateLimitPerHour: 1 << 30, HookSenders: o.HookSenders,
-		// GitHub keeps the webhooks it sent outside Berth's processes:
-		// the bench's stand-in keeps the newest few, not every payload
-		// of the run in the heap it measures (ghsim.Config.KeepDeliveries).
-		KeepDeliveries: benchKeepDeliveries})
+		RateLimitPerHour: 1 << 30, HookSenders: o.HookSenders, KeepDeliveries: o.KeepDeliveries})
 	if err != nil {
 		return "", err
 	}
 	return f.Sim.Start("127.0.0.1:0")
 }
-
-// benchKeepDeliveries is how many webhooks the bench's simulator remembers:
-// well above what the jobs waiting or running at once produce.
-const benchKeepDeliveries = 20000
 
 // fleetConfig is the dispatcher's and the watchdog's configuration; the
 // agents are added one by one by startAgents.

@@ -199,7 +199,9 @@ type ThroughputOptions struct {
 // async-publish rate on the same server divided by the events a job costs.
 func Throughput(ctx context.Context, e Env, o ThroughputOptions) (Result, error) {
 	res := Result{Phase: "throughput"}
-	f, err := e.fleet(ctx, FleetOptions{Hosts: o.Hosts, LinuxSlots: 64, MacSlots: 32})
+	// The simulator remembers the webhooks of the jobs that can be open at
+	// once (three a job), not every one of the run.
+	f, err := e.fleet(ctx, FleetOptions{Hosts: o.Hosts, LinuxSlots: 64, MacSlots: 32, KeepDeliveries: 3 * throughputBacklog})
 	if err != nil {
 		return res, err
 	}
@@ -287,6 +289,7 @@ func Throughput(ctx context.Context, e Env, o ThroughputOptions) (Result, error)
 		fmt.Sprintf("elapsed from the first enqueue to the last slot released: %s; per job, webhook accepted → slot released %s; job completed → slot released %s; runner failures %d",
 			ms(elapsed), pq(Summarize(life)), pq(Summarize(run.tl.ReleaseLatency())), f.RunnerFailures()),
 		"the raw references publish to a scratch stream on the same server with no Nats-Msg-Id and no expected-sequence check; Berth's appends carry both and wait for each ack",
+		fmt.Sprintf("the simulator remembers the newest %d to %d webhooks it sent, not every one of the run (ghsim.Config.KeepDeliveries)", 3*throughputBacklog, 6*throughputBacklog),
 	)
 	res.Notes = append(res.Notes, "measured with the CPU profiler on (it parts the CPU by owner); "+e.senders()+"; "+e.jitHandOver())
 	res.Notes = append(res.Notes, byTenth...)

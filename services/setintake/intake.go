@@ -359,9 +359,11 @@ func (in *Intake) poll(ctx context.Context, sess *scaleset.MessageSessionClient,
 	facts, acquire, skipped := Facts(msg, in.Installation)
 	in.Metrics.add(&in.Metrics.Skipped, skipped)
 	for _, p := range facts {
-		if _, err := in.Log.AppendConfirmed(ctx, in.Log.New(in.Clock.Now(), p), nil); err != nil {
+		c, err := in.Log.AppendConfirmed(ctx, in.Log.New(in.Clock.Now(), p), nil)
+		if err != nil {
 			return fmt.Errorf("store a fact of message %d (it will be read again): %w", msg.MessageID, err)
 		}
+		rec.stored = max(rec.stored, c.Seq)
 		in.Metrics.add(&in.Metrics.Facts, 1)
 	}
 	if len(acquire) > 0 {

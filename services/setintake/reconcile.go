@@ -44,6 +44,10 @@ type reconciler struct {
 	log    *slog.Logger
 	stats  *scaleset.RunnerScaleSetStatistic
 	rounds int
+	// stored is the stream sequence of the last fact this set's intake
+	// stored: a fold that has not reached it lacks jobs GitHub already
+	// counts (the JobAssigned of the poll that brought the statistics).
+	stored uint64
 	last   time.Time
 	repos  map[[2]string]bool  // repositories the set's messages named
 	clean  map[int64]time.Time // run → when it was read holding nothing missing
@@ -90,9 +94,19 @@ func (r *reconciler) round(ctx context.Context, stats *scaleset.RunnerScaleSetSt
 	var open int
 	var labels []string
 	var repos [][2]string
-	_ = r.in.Read(ctx, func(f *events.Fleet) {
+	var folded uint64
+	if err := r.in.Read(ctx, func(f *events.Fleet) {
 		open, labels, repos = OpenJobs(f, r.pool), f.PoolLabels()[r.pool], dispatch.ReconcileRepos(f, r.in.Installation)
-	})
+		folded = f.LastSeq
+	}); err != nil || folded < r.stored {
+		// A partial view: the gap would count the jobs whose facts this
+		// intake stored and the fold has not reached, and the REST API
+		// lists as queued the jobs acquired and not assigned too, so
+		// filling it could store a job GitHub never assigned, and the
+		// capacity would then let GitHub assign one job too many. The
+		// round does not count.
+		return
+	}
 	gap := Gap(r.stats, open)
 	if gap == 0 {
 		r.rounds = 0

@@ -3,6 +3,7 @@ package setintake
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -113,6 +114,48 @@ func TestGapIsAssignedJobsTheFoldDoesNotHold(t *testing.T) {
 	}
 	if Gap(nil, 0) != 0 {
 		t.Error("no statistics yet must be no gap")
+	}
+}
+
+// searches counts the REST reads a reconciler makes.
+type searches struct{ n int }
+
+func (s *searches) QueuedJobsIn(context.Context, string, string, int, func(int64) bool) ([]dispatch.QueuedJob, []int64, error) {
+	s.n++
+	return nil, nil, nil
+}
+func (s *searches) Spare() bool { return true }
+
+// Given statistics that count 3 assigned jobs the fold does not hold, when
+// the fold has not reached the facts the intake itself stored (their
+// JobQueued), then no round counts and the REST API is not searched: it
+// lists the jobs acquired and not yet assigned as queued too, and storing
+// one would let GitHub assign a job beyond the slots. Once the fold has
+// reached them, a gap seen in two rounds is searched.
+func TestAGapOnAFoldBehindTheIntakesOwnFactsIsNotSearched(t *testing.T) {
+	f := fold(t, host("host-a", 4)) // LastSeq 1
+	rest := &searches{}
+	clk := clock.NewFake(time.Unix(2000, 0))
+	in := &Intake{Lister: rest, Clock: clk, ReconcileEvery: time.Second,
+		Read: func(_ context.Context, fn func(*events.Fleet)) error { fn(f); return nil }}
+	r := newReconciler(in, &scaleset.RunnerScaleSet{Name: "linux"}, slog.New(slog.DiscardHandler))
+	r.repos[[2]string{"example-org", "example-repo"}] = true
+	r.stored = 5 // the intake stored facts up to seq 5; the fold is at 1
+	stats := &scaleset.RunnerScaleSetStatistic{TotalAssignedJobs: 3}
+	for range 4 {
+		clk.Advance(2 * time.Second)
+		r.round(context.Background(), stats)
+	}
+	if rest.n != 0 {
+		t.Fatalf("the REST API was searched %d times on a fold behind the intake's own facts; want none", rest.n)
+	}
+	f.LastSeq = 5
+	for range 2 {
+		clk.Advance(2 * time.Second)
+		r.round(context.Background(), stats)
+	}
+	if rest.n == 0 {
+		t.Fatal("a gap seen twice on a fold that reached the intake's facts was not searched")
 	}
 }
 

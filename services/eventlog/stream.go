@@ -189,7 +189,7 @@ type Appender struct {
 // writer. This assumes the caller's fold is not behind the stream's first
 // sequence (config keeps the retention far longer than any service's lag).
 func (a *Appender) Append(ctx context.Context, ev events.Event, expectSeq *uint64) (uint64, bool, error) {
-	body, err := events.Marshal(ev)
+	msg, opts, err := StoredMsg(ev)
 	if err != nil {
 		return 0, false, err
 	}
@@ -199,12 +199,9 @@ func (a *Appender) Append(ctx context.Context, ev events.Event, expectSeq *uint6
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	opts := []jetstream.PublishOpt{jetstream.WithMsgID(MsgID(ev)), jetstream.WithExpectStream(events.StreamName)}
 	if expectSeq != nil {
 		opts = append(opts, jetstream.WithExpectLastSequencePerSubject(*expectSeq))
 	}
-	msg := &nats.Msg{Subject: ev.Subject, Data: body, Header: nats.Header{}}
-	msg.Header.Set("Ce-Type", ev.Type())
 	filter := events.AggregateFilter(ev.Subject)
 	if expectSeq != nil && filter != ev.Subject {
 		// The aggregate spans one subject per author: the expected
@@ -251,14 +248,12 @@ func (a *Appender) AppendAll(ctx context.Context, evs []events.Event) []Appended
 	defer cancel()
 	acks := make([]jetstream.PubAckFuture, len(evs))
 	for i, ev := range evs {
-		body, err := events.Marshal(ev)
+		msg, opts, err := StoredMsg(ev)
 		if err != nil {
 			out[i].Err = err
 			continue
 		}
-		msg := &nats.Msg{Subject: ev.Subject, Data: body, Header: nats.Header{}}
-		msg.Header.Set("Ce-Type", ev.Type())
-		acks[i], out[i].Err = a.JS.PublishMsgAsync(msg, jetstream.WithMsgID(MsgID(ev)), jetstream.WithExpectStream(events.StreamName))
+		acks[i], out[i].Err = a.JS.PublishMsgAsync(msg, opts...)
 	}
 	for i, f := range acks {
 		if f == nil {
@@ -277,6 +272,27 @@ func (a *Appender) AppendAll(ctx context.Context, evs []events.Event) []Appended
 		}
 	}
 	return out
+}
+
+// StoredMsg is the message and the publish options a fact is stored
+// with, by every writer (Append, AppendAll; the bench's synthetic logs
+// too, so that they cost a reader what the services' facts cost): the
+// CloudEvents envelope as the body, its MsgID as the Nats-Msg-Id, and
+// BERTH_EVENTS as the expected stream. The server stores every header it
+// is sent with the message, and a direct get rebuilds each header block
+// it sends (nats-server's genHeader, once per header it adds), so a fact
+// carries no header a reader does not need: its type is the envelope's
+// "type" (a Ce-Type header repeated it until 2026-12-07). Publishing
+// these options answers a duplicate, within the stream's window, with
+// the first copy's sequence. It fails only when the payload cannot be
+// encoded.
+func StoredMsg(ev events.Event) (*nats.Msg, []jetstream.PublishOpt, error) {
+	body, err := events.Marshal(ev)
+	if err != nil {
+		return nil, nil, err
+	}
+	msg := &nats.Msg{Subject: ev.Subject, Data: body, Header: nats.Header{}}
+	return msg, []jetstream.PublishOpt{jetstream.WithMsgID(MsgID(ev)), jetstream.WithExpectStream(events.StreamName)}, nil
 }
 
 // MsgID is the Nats-Msg-Id a fact is stored under: its id, scoped to the

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -67,9 +68,9 @@ func LastSeq(ctx context.Context, js jetstream.JetStream) (uint64, error) {
 	return eventlog.LastSeq(ctx, js)
 }
 
-// Counter follows the log from a sequence and counts facts by type, from
-// the Ce-Type header alone (no decoding), so that phases can wait on
-// conditions cheaply while the system runs.
+// Counter follows the log from a sequence and counts facts by type, read
+// from the envelope without decoding it (FactType), so that phases can
+// wait on conditions cheaply while the system runs.
 type Counter struct {
 	mu     sync.Mutex
 	counts map[string]int64
@@ -83,7 +84,7 @@ type Counter struct {
 func Count(ctx context.Context, js jetstream.JetStream, from uint64) (*Counter, error) {
 	c := &Counter{counts: map[string]int64{}, last: time.Now()}
 	stop, err := tail(ctx, js, jetstream.OrderedConsumerConfig{}, from, func(msg jetstream.Msg, at time.Time) {
-		t := msg.Headers().Get("Ce-Type")
+		t := FactType(msg.Data())
 		c.mu.Lock()
 		c.counts[t]++
 		c.total++
@@ -198,4 +199,25 @@ func Wait(ctx context.Context, phase string, timeout, stall time.Duration, done 
 		time.Sleep(20 * time.Millisecond)
 	}
 	return nil
+}
+
+// typeKey opens the envelope's type: events.Marshal writes "type" before
+// "data", and a key's quotes cannot occur unescaped inside the string
+// values before it, so its first occurrence is the envelope's own.
+var typeKey = []byte(`"type":"`)
+
+// FactType is the CloudEvents type of a stored fact's envelope, read
+// without decoding it (a bench follower sees every fact of a run); ""
+// when body holds none.
+func FactType(body []byte) string {
+	i := bytes.Index(body, typeKey)
+	if i < 0 {
+		return ""
+	}
+	rest := body[i+len(typeKey):]
+	j := bytes.IndexByte(rest, '"')
+	if j < 0 {
+		return ""
+	}
+	return string(rest[:j])
 }

@@ -28,7 +28,7 @@ func StartProbe(ctx context.Context, js jetstream.JetStream, from uint64) (*Prob
 	p := &Probe{received: map[int64]time.Time{}}
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.SubjectPrefix + ".job.>"}}
 	stop, err := tail(ctx, js, cfg, from, func(msg jetstream.Msg, at time.Time) {
-		if msg.Headers().Get("Ce-Type") != events.TypeJobQueued {
+		if FactType(msg.Data()) != events.TypeJobQueued {
 			return
 		}
 		ev, err := events.Unmarshal(msg.Data(), 0)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -45,8 +46,9 @@ func Lifecycle(id int64, host string, labels []string) []events.Payload {
 }
 
 // Synthesize appends hosts online and then jobs whole lifecycles to
-// BERTH_EVENTS with async publishes (ids and type headers as the services
-// set them), and returns how many facts it stored.
+// BERTH_EVENTS with async publishes, each stored as the services store a
+// fact (eventlog.StoredMsg: the same body, id and headers), and returns
+// how many facts it stored.
 func Synthesize(ctx context.Context, url string, hosts, jobs int, timeout time.Duration) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -64,13 +66,11 @@ func Synthesize(ctx context.Context, url string, hosts, jobs int, timeout time.D
 	pub := func(p events.Payload) error {
 		n++
 		ev := events.New("berth/bench-synth", at.Add(time.Duration(n)*time.Millisecond), p)
-		body, err := events.Marshal(ev)
+		msg, opts, err := eventlog.StoredMsg(ev)
 		if err != nil {
 			return err
 		}
-		msg := &nats.Msg{Subject: ev.Subject, Data: body, Header: nats.Header{}}
-		msg.Header.Set("Ce-Type", ev.Type())
-		_, err = js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.ID))
+		_, err = js.PublishMsgAsync(msg, opts...)
 		return err
 	}
 	specs := Workload(jobs, 7, 0.3, 0, 0, true)

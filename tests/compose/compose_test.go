@@ -21,6 +21,7 @@ import (
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/config"
+	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/testkit"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -585,15 +586,12 @@ func TestHAProfileSurvivesTheStreamLeadersDeath(t *testing.T) {
 	overclaim.Host, overclaim.Boot = ungranted, s.project+"-ungranted"
 	for _, p := range []events.Payload{&granted, &online, &overclaim} {
 		ev := events.New("berth/tests/compose", now, p)
-		body, err := events.Marshal(ev)
+		msg, opts, err := eventlog.StoredMsg(ev)
 		if err != nil {
 			t.Fatal(err)
 		}
-		msg := nats.NewMsg(ev.Subject)
-		msg.Data = body
-		msg.Header.Set("Ce-Type", ev.Type())
 		pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err = js.PublishMsg(pctx, msg, jetstream.WithMsgID(ev.ID), jetstream.WithExpectStream(events.StreamName))
+		_, err = js.PublishMsg(pctx, msg, opts...)
 		pcancel()
 		if err != nil {
 			t.Fatalf("announce %s: %v", host, err)

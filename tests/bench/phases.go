@@ -291,6 +291,10 @@ func Throughput(ctx context.Context, e Env, o ThroughputOptions) (Result, error)
 		"the raw references publish to a scratch stream on the same server with no Nats-Msg-Id and no expected-sequence check; Berth's appends carry both and wait for each ack",
 		fmt.Sprintf("the simulator remembers the newest %d to %d webhooks it sent, not every one of the run (ghsim.Config.KeepDeliveries)", 3*throughputBacklog, 6*throughputBacklog),
 	)
+	if f.Sim != nil {
+		res.Notes = append(res.Notes, fmt.Sprintf("the simulator's server accepted %d connections, %.2f a job (each job's runner dials once, as a runner process does; the dispatcher's API calls reuse theirs)",
+			f.Sim.Accepted(), float64(f.Sim.Accepted())/float64(o.Jobs)))
+	}
 	res.Notes = append(res.Notes, "measured with the CPU profiler on (it parts the CPU by owner); "+e.senders()+"; "+e.jitHandOver())
 	res.Notes = append(res.Notes, byTenth...)
 	return res, nil

@@ -304,3 +304,26 @@ func TestCloseReleasesPollers(t *testing.T) {
 		t.Fatalf("poll after Close = %+v after %v", res, time.Since(start))
 	}
 }
+
+// Given a job that takes no time, when its runner acquires and completes
+// it, then the runner does both on one connection, as a runner process
+// does; only a runner whose job runs a second or more lets go of its
+// connection while it runs. Before, every zero-second job of the bench's
+// throughput phase dialled the sim twice.
+func TestAShortJobsRunnerCompletesOnTheConnectionItAcquiredOn(t *testing.T) {
+	sim, _ := newSim(t)
+	jobID := sim.Enqueue(ghsim.JobSpec{Labels: []string{"self-hosted", "linux"}})
+	_, enc := mint(t, sim, "berth-runner-short", "self-hosted", "linux", "x64")
+	before := sim.Accepted()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	if err := ghsim.RunRunner(ctx, enc, nil); err != nil {
+		t.Fatalf("RunRunner: %v", err)
+	}
+	if j := job(t, sim, jobID); j.Status != ghsim.StatusCompleted {
+		t.Fatalf("job after run: %+v", j)
+	}
+	if dialled := sim.Accepted() - before; dialled != 1 {
+		t.Errorf("the runner dialled the sim %d times for a job of 0 s, want once", dialled)
+	}
+}

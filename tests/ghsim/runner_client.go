@@ -16,6 +16,10 @@ import (
 // runner: unknown token (401), or a runner deleted or already used (410).
 var ErrRunnerRejected = errors.New("ghsim: runner rejected by simulator")
 
+// keepAliveThrough: a runner whose job runs shorter keeps its connection
+// to complete the job on.
+const keepAliveThrough = time.Second
+
 // giveUpAfter bounds how long RunRunner retries while the sim is unreachable.
 const giveUpAfter = 2 * time.Minute
 
@@ -59,10 +63,14 @@ func RunRunner(ctx context.Context, encodedJIT string, logger *slog.Logger) erro
 	if err != nil {
 		return err
 	}
-	// Hold no connection while the job runs: 10,000 runners sleeping on
+	// Hold no connection while a long job runs: 10,000 runners sleeping on
 	// idle keep-alive connections in one process (the bench's scale phase)
-	// used up its 20,000 file descriptors.
-	tr.CloseIdleConnections()
+	// used up its 20,000 file descriptors. A short job's runner completes
+	// on the connection it acquired on, as a runner process does: closed
+	// here, every job of the bench's throughput phase (0 s) dialled twice.
+	if time.Duration(job.DurationMS)*time.Millisecond >= keepAliveThrough {
+		tr.CloseIdleConnections()
+	}
 	log.Info("running job", "job_id", job.JobID, "duration_ms", job.DurationMS)
 	t := time.NewTimer(time.Duration(job.DurationMS) * time.Millisecond)
 	select {

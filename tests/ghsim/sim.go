@@ -27,6 +27,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -103,6 +104,8 @@ type Sim struct {
 	wg         sync.WaitGroup
 	wake       []chan struct{} // per sender, cap 1: new webhook queued
 	stop       chan struct{}   // closed by Close
+
+	accepted atomic.Int64 // connections the server accepted
 
 	mu      sync.Mutex
 	baseURL string
@@ -232,7 +235,12 @@ func (s *Sim) Start(addr string) (string, error) {
 	if s.cfg.PublicURL != "" {
 		s.baseURL = strings.TrimSuffix(s.cfg.PublicURL, "/")
 	}
-	s.srv = &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second}
+	s.srv = &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second,
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateNew {
+				s.accepted.Add(1)
+			}
+		}}
 	srv := s.srv
 	s.wg.Add(1)
 	go func() {
@@ -244,6 +252,11 @@ func (s *Sim) Start(addr string) (string, error) {
 	s.log.Info("listening", "url", s.baseURL)
 	return s.baseURL, nil
 }
+
+// Accepted is how many connections the sim's server has accepted since
+// Start: GitHub's clients (the dispatcher's API calls, every runner's)
+// each dial it, so the bench can tell connection churn from requests.
+func (s *Sim) Accepted() int64 { return s.accepted.Load() }
 
 // URL returns the base URL from Start, or "" if the sim was not started.
 func (s *Sim) URL() string {

@@ -39,11 +39,17 @@ const cleanFor = 10 * time.Minute
 // pool's labels and the fold does not know, at most the gap's size. Only
 // what a read lists is added; a failed read changes nothing (law 7).
 type reconciler struct {
-	in     *Intake
-	pool   string
-	log    *slog.Logger
-	stats  *scaleset.RunnerScaleSetStatistic
-	rounds int
+	in    *Intake
+	pool  string
+	log   *slog.Logger
+	stats *scaleset.RunnerScaleSetStatistic
+	// openAtStats is the pool's open jobs on the first complete fold after
+	// stats came (-1: not judged yet). Statistics are GitHub's count when
+	// their message was sent; a round without a message judges them
+	// against this too, since a job completed since then leaves the fold
+	// and not the count: against the fold alone, that was a gap.
+	openAtStats int
+	rounds      int
 	// stored is the stream sequence of the last fact this set's intake
 	// stored: a fold that has not reached it lacks jobs GitHub already
 	// counts (the JobAssigned of the poll that brought the statistics).
@@ -54,7 +60,7 @@ type reconciler struct {
 }
 
 func newReconciler(in *Intake, set *scaleset.RunnerScaleSet, log *slog.Logger) *reconciler {
-	return &reconciler{in: in, pool: set.Name, log: log, repos: map[[2]string]bool{}, clean: map[int64]time.Time{}}
+	return &reconciler{in: in, pool: set.Name, log: log, openAtStats: -1, repos: map[[2]string]bool{}, clean: map[int64]time.Time{}}
 }
 
 // seen remembers the repositories a message's jobs belong to: with every
@@ -86,7 +92,7 @@ func Gap(stats *scaleset.RunnerScaleSetStatistic, open int) int {
 // empty poll: the last ones stand).
 func (r *reconciler) round(ctx context.Context, stats *scaleset.RunnerScaleSetStatistic) {
 	if stats != nil {
-		r.stats = stats
+		r.stats, r.openAtStats = stats, -1
 	}
 	if r.in.Lister == nil {
 		return
@@ -107,7 +113,10 @@ func (r *reconciler) round(ctx context.Context, stats *scaleset.RunnerScaleSetSt
 		// round does not count.
 		return
 	}
-	gap := Gap(r.stats, open)
+	if r.openAtStats < 0 {
+		r.openAtStats = open
+	}
+	gap := min(Gap(r.stats, open), Gap(r.stats, r.openAtStats))
 	if gap == 0 {
 		r.rounds = 0
 		return

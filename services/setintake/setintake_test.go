@@ -159,6 +159,53 @@ func TestAGapOnAFoldBehindTheIntakesOwnFactsIsNotSearched(t *testing.T) {
 	}
 }
 
+// Given statistics that count 2 assigned jobs, sent when the fold held
+// both, when both complete in the fold and polls come back with no
+// message (the capacity rose), then no round counts a gap: the statistics
+// are GitHub's count when their message was sent, and the REST API lists
+// acquired jobs as queued, so a fill then stored one GitHub never
+// assigned and the capacity let it assign a ninth job to eight slots
+// (TestScaleSetCapacityBoundsAssignment, under make test's load). A gap
+// the fold already had when the statistics came is still searched.
+func TestStatisticsOlderThanTheFoldsCompletionsAreNoGap(t *testing.T) {
+	queued := func(id int64) *events.JobQueued {
+		return &events.JobQueued{JobRef: events.JobRef{JobID: id, Labels: []string{"self-hosted", "linux"}}}
+	}
+	f := fold(t, host("host-a", 4), queued(1), queued(2))
+	rest := &searches{}
+	clk := clock.NewFake(time.Unix(2000, 0))
+	in := &Intake{Lister: rest, Clock: clk, ReconcileEvery: time.Second,
+		Read: func(_ context.Context, fn func(*events.Fleet)) error { fn(f); return nil }}
+	r := newReconciler(in, &scaleset.RunnerScaleSet{Name: "linux"}, slog.New(slog.DiscardHandler))
+	r.repos[[2]string{"example-org", "example-repo"}] = true
+	r.round(context.Background(), &scaleset.RunnerScaleSetStatistic{TotalAssignedJobs: 2})
+	for i, id := range []int64{1, 2} {
+		ev := events.New("test", time.Unix(int64(1100+i), 0), &events.JobCompleted{JobRef: queued(id).JobRef, Conclusion: "success"})
+		ev.Seq = f.LastSeq + 1
+		testkit.ApplyGranted(f, ev)
+	}
+	if open := OpenJobs(f, "linux"); open != 0 {
+		t.Fatalf("the fold holds %d open jobs after both completed, want 0", open)
+	}
+	for range 4 {
+		clk.Advance(2 * time.Second)
+		r.round(context.Background(), nil)
+	}
+	if rest.n != 0 {
+		t.Fatalf("the REST API was searched %d times for jobs that completed after the statistics were sent; want none", rest.n)
+	}
+	f3 := fold(t, host("host-a", 4), queued(3))
+	in.Read = func(_ context.Context, fn func(*events.Fleet)) error { fn(f3); return nil }
+	r.round(context.Background(), &scaleset.RunnerScaleSetStatistic{TotalAssignedJobs: 2})
+	for range 3 {
+		clk.Advance(2 * time.Second)
+		r.round(context.Background(), nil)
+	}
+	if rest.n == 0 {
+		t.Fatal("a gap the fold had when the statistics came (2 assigned, 1 known) was not searched on polls with no message")
+	}
+}
+
 // Given replica A holding a set's lease and B watching it, when A renews,
 // then B (on its own clock) waits a full TTL from the last change it saw;
 // when A stops renewing, B takes the lease after the TTL, keeping the

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -171,7 +172,12 @@ func TestScaleSetCapacityBoundsAssignment(t *testing.T) {
 	testkit.Eventually(t, 90*time.Second, "16 jobs served", func() bool {
 		s, _ := linuxSet(f.Sim)
 		if s.Stats["totalAssignedJobs"] > 8 {
-			t.Fatalf("GitHub assigned %d jobs to a set with 8 slots (capacity %d)", s.Stats["totalAssignedJobs"], s.Capacity)
+			var jobs []string
+			for _, j := range f.Sim.Jobs() {
+				jobs = append(jobs, fmt.Sprintf("%d %s %s", j.ID, j.Status, j.RunnerName))
+			}
+			t.Fatalf("GitHub assigned %d jobs to a set with 8 slots (capacity %d; statistics %v); the jobs then: %s",
+				s.Stats["totalAssignedJobs"], s.Capacity, s.Stats, strings.Join(jobs, "; "))
 		}
 		heldBack = heldBack || (s.Stats["totalAssignedJobs"] == 8 && s.Stats["totalAcquiredJobs"] > 0)
 		return allDone(f.Sim.Jobs(), 16)

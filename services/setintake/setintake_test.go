@@ -126,6 +126,18 @@ func (s *searches) QueuedJobsIn(context.Context, string, string, int, func(int64
 }
 func (s *searches) Spare() bool { return true }
 
+// reconcilerOn is the linux set's reconciler reading *f (swap the fold
+// through f), a REST stand-in counting its searches, and its fake clock.
+func reconcilerOn(f **events.Fleet) (*reconciler, *searches, *clock.Fake) {
+	rest := &searches{}
+	clk := clock.NewFake(time.Unix(2000, 0))
+	in := &Intake{Lister: rest, Clock: clk, ReconcileEvery: time.Second,
+		Read: func(_ context.Context, fn func(*events.Fleet)) error { fn(*f); return nil }}
+	r := newReconciler(in, &scaleset.RunnerScaleSet{Name: "linux"}, slog.New(slog.DiscardHandler))
+	r.repos[[2]string{"example-org", "example-repo"}] = true
+	return r, rest, clk
+}
+
 // Given statistics that count 3 assigned jobs the fold does not hold, when
 // the fold has not reached the facts the intake itself stored (their
 // JobQueued), then no round counts and the REST API is not searched: it
@@ -134,12 +146,7 @@ func (s *searches) Spare() bool { return true }
 // reached them, a gap seen in two rounds is searched.
 func TestAGapOnAFoldBehindTheIntakesOwnFactsIsNotSearched(t *testing.T) {
 	f := fold(t, host("host-a", 4)) // LastSeq 1
-	rest := &searches{}
-	clk := clock.NewFake(time.Unix(2000, 0))
-	in := &Intake{Lister: rest, Clock: clk, ReconcileEvery: time.Second,
-		Read: func(_ context.Context, fn func(*events.Fleet)) error { fn(f); return nil }}
-	r := newReconciler(in, &scaleset.RunnerScaleSet{Name: "linux"}, slog.New(slog.DiscardHandler))
-	r.repos[[2]string{"example-org", "example-repo"}] = true
+	r, rest, clk := reconcilerOn(&f)
 	r.stored = 5 // the intake stored facts up to seq 5; the fold is at 1
 	stats := &scaleset.RunnerScaleSetStatistic{TotalAssignedJobs: 3}
 	for range 4 {
@@ -172,12 +179,7 @@ func TestStatisticsOlderThanTheFoldsCompletionsAreNoGap(t *testing.T) {
 		return &events.JobQueued{JobRef: events.JobRef{JobID: id, Labels: []string{"self-hosted", "linux"}}}
 	}
 	f := fold(t, host("host-a", 4), queued(1), queued(2))
-	rest := &searches{}
-	clk := clock.NewFake(time.Unix(2000, 0))
-	in := &Intake{Lister: rest, Clock: clk, ReconcileEvery: time.Second,
-		Read: func(_ context.Context, fn func(*events.Fleet)) error { fn(f); return nil }}
-	r := newReconciler(in, &scaleset.RunnerScaleSet{Name: "linux"}, slog.New(slog.DiscardHandler))
-	r.repos[[2]string{"example-org", "example-repo"}] = true
+	r, rest, clk := reconcilerOn(&f)
 	r.round(context.Background(), &scaleset.RunnerScaleSetStatistic{TotalAssignedJobs: 2})
 	for i, id := range []int64{1, 2} {
 		ev := events.New("test", time.Unix(int64(1100+i), 0), &events.JobCompleted{JobRef: queued(id).JobRef, Conclusion: "success"})
@@ -194,8 +196,7 @@ func TestStatisticsOlderThanTheFoldsCompletionsAreNoGap(t *testing.T) {
 	if rest.n != 0 {
 		t.Fatalf("the REST API was searched %d times for jobs that completed after the statistics were sent; want none", rest.n)
 	}
-	f3 := fold(t, host("host-a", 4), queued(3))
-	in.Read = func(_ context.Context, fn func(*events.Fleet)) error { fn(f3); return nil }
+	f = fold(t, host("host-a", 4), queued(3))
 	r.round(context.Background(), &scaleset.RunnerScaleSetStatistic{TotalAssignedJobs: 2})
 	for range 3 {
 		clk.Advance(2 * time.Second)

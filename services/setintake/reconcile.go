@@ -89,7 +89,10 @@ func Gap(stats *scaleset.RunnerScaleSetStatistic, open int) int {
 }
 
 // round runs after every poll with the message's statistics (nil on an
-// empty poll: the last ones stand).
+// empty poll: the last ones stand, judged against the fold now and as it
+// was when they came, the smaller gap counting). When they came on a
+// partial view, "when they came" is the first complete fold after it: a
+// job completed in between still reads as a gap for those rounds.
 func (r *reconciler) round(ctx context.Context, stats *scaleset.RunnerScaleSetStatistic) {
 	if stats != nil {
 		r.stats, r.openAtStats = stats, -1

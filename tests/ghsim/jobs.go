@@ -235,13 +235,88 @@ func (s *Sim) openJobsLocked() []*job {
 }
 
 // pickJobLocked returns the oldest queued, unassigned job the runner can take.
+// A scale set's runner walks the open jobs for those GitHub assigned to its
+// set; any other runner looks only at the oldest job of each label set
+// (restJobsLocked).
 func (s *Sim) pickJobLocked(r *runner) *job {
-	for _, j := range s.openJobsLocked() {
-		if j.open() && mayTake(r, j) {
-			return j
+	if r.set != 0 {
+		for _, j := range s.openJobsLocked() {
+			if j.open() && mayTake(r, j) {
+				return j
+			}
+		}
+		return nil
+	}
+	var best *job
+	for _, q := range s.restJobsLocked() {
+		if (best == nil || q.jobs[0].id < best.id) && labelsMatch(q.labels, r.labels) {
+			best = q.jobs[0]
 		}
 	}
-	return nil
+	return best
+}
+
+// labelQueue is the jobs of one label set (the same labels, ignoring case,
+// order and repeats) that a runner of no scale set may still take, in
+// enqueue order: the first of them is open, the rest may not be any more.
+type labelQueue struct {
+	labels []string // the first job's: every job here matches the same runners
+	jobs   []*job
+}
+
+// restTakeable: a runner of no scale set can take j now, and once it
+// cannot it never can again (a job only moves on from queued, and a set
+// never gives a job back).
+func restTakeable(j *job) bool { return j.open() && j.set == 0 }
+
+// restJobsLocked is the label sets that have a job a runner of no scale
+// set may take, each from its oldest such job. A pick used to walk every
+// open job from the oldest: a runner whose labels matched none of a
+// backlog (a macOS runner behind thousands of Linux jobs) walked all of it
+// each time it was woken, and every change wakes every polling runner, so
+// the simulator's matching grew with the backlog (7% of the throughput
+// bench's CPU). Jobs are indexed as they are found in s.jobs, so a test
+// may build s.jobs directly.
+func (s *Sim) restJobsLocked() map[string]*labelQueue {
+	if s.byLabels == nil {
+		s.byLabels = map[string]*labelQueue{}
+	}
+	for ; s.indexed < len(s.jobs); s.indexed++ {
+		j := s.jobs[s.indexed]
+		if !restTakeable(j) {
+			continue
+		}
+		key := labelKey(j.labels)
+		q := s.byLabels[key]
+		if q == nil {
+			q = &labelQueue{labels: j.labels}
+			s.byLabels[key] = q
+		}
+		q.jobs = append(q.jobs, j)
+	}
+	for key, q := range s.byLabels {
+		i := 0
+		for i < len(q.jobs) && !restTakeable(q.jobs[i]) {
+			i++
+		}
+		if i == len(q.jobs) {
+			delete(s.byLabels, key)
+			continue
+		}
+		q.jobs = q.jobs[i:]
+	}
+	return s.byLabels
+}
+
+// labelKey names a label set as GitHub matches it: lower case, sorted,
+// without repeats.
+func labelKey(labels []string) string {
+	ls := make([]string, len(labels))
+	for i, l := range labels {
+		ls[i] = strings.ToLower(l)
+	}
+	slices.Sort(ls)
+	return strings.Join(slices.Compact(ls), "\x00")
 }
 
 // assignLocked hands job j to runner r and queues the "in_progress" webhook.

@@ -118,8 +118,13 @@ type Sim struct {
 	// of at the first job ever enqueued (openJobs): over 100,000 jobs the
 	// walk from the start was 8% of the bench's CPU and grew with the run.
 	firstOpen int
-	jobByID   map[int64]*job
-	runners   map[int64]*runner // registered runners only
+	// byLabels and indexed: the jobs a runner of no scale set may take,
+	// by label set (restJobsLocked), and how many of jobs, from the first,
+	// it has been given.
+	byLabels map[string]*labelQueue
+	indexed  int
+	jobByID  map[int64]*job
+	runners  map[int64]*runner // registered runners only
 	// runnerNames: each registered runner's id by its name in lower case,
 	// so a registration checks GitHub's unique-name rule without a walk
 	// over every runner (10,000 runners made each mint a scan).

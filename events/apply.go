@@ -421,15 +421,15 @@ func (f *Fleet) Compact(now time.Time, retention time.Duration) (jobs, attempts 
 // that nothing can act on any more leaves only its id and when it ended
 // (history.go, issue 19): a few bytes instead of a record, enough to make
 // a redelivered webhook or a late fact about it harmless; the id is
-// dropped at the retention. Of those over for SettleEarlyAfter but not yet
-// settle, only the newest KeepOver keep their records (settling).
+// dropped at the retention. Of those over but not yet settle old, only the
+// newest KeepOver keep their records (settling).
 func (f *Fleet) CompactAfter(now time.Time, settle, retention time.Duration) (jobs, attempts int) {
-	return f.compact(now, settling{after: settle, early: SettleEarlyAfter, keep: KeepOver}, retention)
+	return f.compact(now, settling{after: settle, keep: KeepOver}, retention)
 }
 
 // settling is when Compact leaves only the id of what is over: after
 // `after`, or after `early` for all but the newest `keep` (jobs and
-// attempts counted apart).
+// attempts counted apart). The services settle early at once (early 0).
 type settling struct {
 	after, early time.Duration
 	keep         int
@@ -452,6 +452,7 @@ func (f *Fleet) compact(now time.Time, s settling, retention time.Duration) (job
 			// its new size on the next read.
 			f.live = live{}
 		}
+		f.history.left = len(f.Jobs) + len(f.Attempts)
 	}()
 	attempts = f.compactAttempts(cut, scut, ecut, s.keep)
 	jobs = f.compactJobs(cut, scut, ecut, s.keep)

@@ -12,25 +12,47 @@ import (
 
 // DefaultSettleAfter is how long Compact keeps the whole record of a job or
 // an attempt that is over before it leaves only its id (a tombstone), and
-// SettleEarlyAfter and KeepOver bound what a busy fleet keeps inside that:
-// of the records over for SettleEarlyAfter, only the newest KeepOver jobs
-// and KeepOver attempts stay whole. The id stays for the retention.
+// KeepOver bounds what a busy fleet keeps inside that: of the records that
+// are over, only the newest KeepOver jobs and KeepOver attempts stay whole.
+// The id stays for the retention.
 //
 // A record settles only once nothing can act on it (settleJob,
 // settleAttempt) and a late fact about it is absorbed (settledFact), so the
 // wait guards nothing a decider needs: it keeps recent jobs on the page
 // (its recent jobs and queue times are the dispatcher's records). What it
-// costs is memory and walks that follow the rate of jobs: at 300 jobs a
-// second ten minutes kept 180,000 records in each decider's fold (6.5 KiB a
-// job across the bench's folds), every collection marked them, and the
-// page walks them every 400 ms on the dispatcher's loop. The services
-// compact once a minute, so a busy fleet's folds keep what ended in its
-// last one to two minutes and KeepOver more.
+// costs is memory, and collections that mark it: at 300 jobs a second ten
+// minutes kept 180,000 records in each decider's fold (6.5 KiB a job
+// across the bench's folds). Until 2026-12-07 a record over for less than
+// a minute stayed whole too, and the services compacted once a minute, so
+// a busy fleet's folds held its last one to two minutes: 18,000 to 36,000
+// jobs at 300 a second, 130–150 MiB across the bench's folds, and the
+// collector's cost a lifecycle doubled over a run. Now a service compacts
+// once a minute, or sooner once its fold has grown by KeepOver records
+// (CompactDue), and keeps about KeepOver records over, whatever the rate.
 const (
 	DefaultSettleAfter = 10 * time.Minute
-	SettleEarlyAfter   = time.Minute
 	KeepOver           = 1000
 )
+
+// CompactEvery is how often a service compacts its fold at least, and
+// CompactSoonest how soon after the last compaction it may compact again
+// when its fold grows fast (CompactDue). A compaction walks every record the
+// fold keeps, so it is not made on every round.
+const (
+	CompactEvery   = time.Minute
+	CompactSoonest = 5 * time.Second
+)
+
+// CompactDue reports whether a service that last compacted its fold at
+// last (zero: never) should compact it at now: CompactEvery after, or from
+// CompactSoonest on once the fold holds KeepOver more job and attempt
+// records than that compaction left. What is live cannot settle, so a fold
+// grown only by live records (10,000 running jobs) compacts once more per
+// KeepOver of them, not on every round.
+func (f *Fleet) CompactDue(now, last time.Time) bool {
+	since := now.Sub(last)
+	return since >= CompactEvery || (since >= CompactSoonest && len(f.Jobs)+len(f.Attempts) >= f.history.left+KeepOver)
+}
 
 // tomb is what is left of a job or an attempt that is over (issue 19): its
 // id, which makes a redelivered webhook or a late fact about it harmless,
@@ -99,6 +121,9 @@ type history struct {
 	// client, kept per repository for the retention, not per job.
 	repos map[repoKey]int64
 	peaks peaks
+	// left is how many job and attempt records the last compaction left
+	// (CompactDue).
+	left int
 	// noDeliveries: this fold keeps no delivery ids (DropDeliveryIDs).
 	noDeliveries bool
 }

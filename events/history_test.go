@@ -83,34 +83,19 @@ func TestSettledJobLeavesOnlyItsID(t *testing.T) {
 }
 
 // Given a fleet that ran KeepOver+3 jobs within a few minutes, when it compacts
-// two minutes after the last ended, then the three oldest leave only their
+// a second after the last ended, then the three oldest leave only their
 // ids and the newest KeepOver keep their records (the page shows them),
-// though none is over for DefaultSettleAfter; the counts are unchanged;
-// and a fleet of KeepOver jobs keeps every record (issue 19: memory
-// follows the rate of jobs by a minute, not by ten).
+// though none is over for DefaultSettleAfter, nor for a minute; the counts
+// are unchanged; and a fleet of KeepOver jobs keeps every record (issue 19:
+// a busy fleet keeps KeepOver records over, whatever its rate).
 func TestABusyFleetKeepsTheRecordsOfItsNewestJobsOver(t *testing.T) {
 	ran := func(n int) (*events.Fleet, time.Time) {
-		s := &fastScript{}
-		evs := []events.Event{s.add(hostOnline("h1", 8, map[string]int{"linux": 4}))}
-		for i := 1; i <= n; i++ {
-			id := int64(i)
-			a := ref("berth-"+strconv.Itoa(i)+"-1", "linux", "h1")
-			evs = append(evs,
-				s.add(&events.JobQueued{JobRef: job(id, "self-hosted", "linux")}),
-				s.add(reserve(a.Attempt, "linux", "h1", id)),
-				s.add(&events.AttemptPlaced{AttemptRef: a, JobID: id, RunnerID: id}),
-				s.add(&events.JobInProgress{JobRef: job(id, "self-hosted", "linux"), RunnerName: a.Attempt}),
-				s.add(&events.JobCompleted{JobRef: job(id, "self-hosted", "linux"), RunnerName: a.Attempt, Conclusion: "success"}),
-				s.add(release(a.Attempt, "linux", "h1", events.ReleaseCompleted)),
-				s.add(&events.AttemptTeardownRequested{AttemptRef: a, Reason: events.ReleaseCompleted}),
-				s.add(&events.AttemptStopped{AttemptRef: a}),
-			)
-		}
+		evs := lifecycles(&fastScript{}, 1, n)
 		return given(evs...), evs[len(evs)-1].Time
 	}
 	f, end := ran(events.KeepOver + 3)
 	before := f.StatusCounts()
-	if jobs, attempts := f.Compact(end.Add(2*time.Minute), 72*time.Hour); jobs != 3 || attempts != 3 {
+	if jobs, attempts := f.Compact(end.Add(time.Second), 72*time.Hour); jobs != 3 || attempts != 3 {
 		t.Fatalf("Compact settled %d jobs and %d attempts; want the 3 oldest of each", jobs, attempts)
 	}
 	for id := int64(1); id <= 3; id++ {
@@ -125,8 +110,92 @@ func TestABusyFleetKeepsTheRecordsOfItsNewestJobsOver(t *testing.T) {
 		t.Fatalf("settling early changed what operators see:\nbefore %+v\n after %+v", before, after)
 	}
 	g, end := ran(events.KeepOver)
-	if jobs, attempts := g.Compact(end.Add(2*time.Minute), 72*time.Hour); jobs != 0 || attempts != 0 {
+	if jobs, attempts := g.Compact(end.Add(time.Second), 72*time.Hour); jobs != 0 || attempts != 0 {
 		t.Fatalf("a fleet of %d jobs settled %d jobs and %d attempts before DefaultSettleAfter; want none", events.KeepOver, jobs, attempts)
+	}
+}
+
+// lifecycles is a host of the linux pool, then jobs first..last from queued
+// to their VM's stop, one after another, written by s.
+func lifecycles(s *fastScript, first, last int) []events.Event {
+	var evs []events.Event
+	if first == 1 {
+		evs = append(evs, s.add(hostOnline("h1", 8, map[string]int{"linux": 4})))
+	}
+	for i := first; i <= last; i++ {
+		id := int64(i)
+		a := ref("berth-"+strconv.Itoa(i)+"-1", "linux", "h1")
+		evs = append(evs,
+			s.add(&events.JobQueued{JobRef: job(id, "self-hosted", "linux")}),
+			s.add(reserve(a.Attempt, "linux", "h1", id)),
+			s.add(&events.AttemptPlaced{AttemptRef: a, JobID: id, RunnerID: id}),
+			s.add(&events.JobInProgress{JobRef: job(id, "self-hosted", "linux"), RunnerName: a.Attempt}),
+			s.add(&events.JobCompleted{JobRef: job(id, "self-hosted", "linux"), RunnerName: a.Attempt, Conclusion: "success"}),
+			s.add(release(a.Attempt, "linux", "h1", events.ReleaseCompleted)),
+			s.add(&events.AttemptTeardownRequested{AttemptRef: a, Reason: events.ReleaseCompleted}),
+			s.add(&events.AttemptStopped{AttemptRef: a}),
+		)
+	}
+	return evs
+}
+
+// Given a fleet compacted once, when it folds fewer than KeepOver more
+// records, then no compaction is due before CompactEvery; once it holds
+// KeepOver more than the compaction left, one is due from CompactSoonest
+// on (not before); after that compaction, what is left is KeepOver
+// records over, and none is due again until the fold grows by KeepOver
+// more; and a fold grown only by live jobs compacts once for them, then
+// waits (issue 19: a busy fleet's folds follow KeepOver, not its rate).
+func TestACompactionIsDueSoonerOnceTheFoldGrewByKeepOver(t *testing.T) {
+	s := &fastScript{}
+	n := events.KeepOver + 10
+	f := given(lifecycles(s, 1, n)...)
+	// The facts' times matter to what a compaction settles, not to when one
+	// is due: that is judged from the last compaction, at.
+	compact := func() { f.Compact(t0.Add(time.Duration(s.n+20)*50*time.Millisecond), 72*time.Hour) }
+	at := t0.Add(time.Hour)
+	compact()
+	if f.CompactDue(at.Add(events.CompactSoonest), at) {
+		t.Fatal("due after CompactSoonest with the fold as the compaction left it")
+	}
+	if !f.CompactDue(at.Add(events.CompactEvery), at) {
+		t.Fatal("not due after CompactEvery")
+	}
+	grow := func(evs []events.Event) {
+		for _, e := range evs {
+			f.Apply(e)
+		}
+	}
+	if len(f.Jobs) != events.KeepOver {
+		t.Fatalf("the first compaction left %d jobs; want the newest %d", len(f.Jobs), events.KeepOver)
+	}
+	grow(lifecycles(s, n+1, n+events.KeepOver/2-1)) // a job and an attempt each: KeepOver-2 records
+	if f.CompactDue(at.Add(events.CompactSoonest), at) {
+		t.Fatalf("due with %d records, fewer than KeepOver more than the compaction left", len(f.Jobs)+len(f.Attempts))
+	}
+	grow(lifecycles(s, n+events.KeepOver/2, n+events.KeepOver/2))
+	if f.CompactDue(at.Add(events.CompactSoonest-time.Millisecond), at) {
+		t.Fatal("due before CompactSoonest")
+	}
+	if !f.CompactDue(at.Add(events.CompactSoonest), at) {
+		t.Fatalf("not due with %d records, KeepOver more than the compaction left", len(f.Jobs)+len(f.Attempts))
+	}
+	compact()
+	if len(f.Jobs) != events.KeepOver || len(f.Attempts) != events.KeepOver {
+		t.Fatalf("the compaction left %d jobs and %d attempts; want the newest %d of each", len(f.Jobs), len(f.Attempts), events.KeepOver)
+	}
+	if f.CompactDue(at.Add(events.CompactSoonest), at) {
+		t.Fatal("due again with the fold as the compaction left it")
+	}
+	for i := range events.KeepOver {
+		f.Apply(s.add(&events.JobQueued{JobRef: job(int64(100_000+i), "self-hosted", "gpu")}))
+	}
+	if !f.CompactDue(at.Add(events.CompactSoonest), at) {
+		t.Fatal("not due after KeepOver queued jobs")
+	}
+	compact()
+	if f.CompactDue(at.Add(events.CompactSoonest), at) {
+		t.Fatal("due again with only live jobs added: they cannot settle")
 	}
 }
 

@@ -306,9 +306,10 @@ func (d *Dispatcher) call(ctx context.Context, c events.Call) {
 }
 
 // housekeep keeps memory flat in jobs served (law 5): terminal records leave
-// the fold after the retention, and in-flight marks expire.
+// the fold after the retention, and in-flight marks expire. It runs once a
+// minute, or sooner while the fold grows fast (events.Fleet.CompactDue).
 func (d *Dispatcher) housekeep(now time.Time) {
-	if now.Sub(d.lastCompact) < time.Minute {
+	if !d.Fold.CompactDue(now, d.lastCompact) {
 		return
 	}
 	d.lastCompact = now

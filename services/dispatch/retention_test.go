@@ -67,3 +67,50 @@ func TestBookingGoesOnAfterThePoolLedgersFactsExpired(t *testing.T) {
 		t.Errorf("the linux ledger holds %d facts after deciding with job 1 queued, want its booking", n)
 	}
 }
+
+// Given a dispatcher that compacted its fold when it first decided, when
+// KeepOver+50 jobs run and end, a millisecond apart, and its clock moves on by
+// events.CompactSoonest, then its next decision leaves the records of the
+// newest KeepOver jobs only: once its fold has grown by KeepOver records it
+// compacts before the minute is out (issue 19: at 300 jobs a second, a
+// minute's jobs were 18,000 records in each fold, and every collection
+// marked them).
+func TestADispatcherCompactsBeforeTheMinuteOnceItsFoldGrew(t *testing.T) {
+	in := newIntake(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	now := t0
+	d, err := dispatch.New(&eventlog.Loop{JS: in.js}, &eventlog.Appender{JS: in.js, Source: "test"}, &countingMinter{},
+		dispatch.Options{Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return now }}, dispatch.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Decide(ctx) // the first decision compacts: the minute runs from here
+	var seq uint64
+	put := func(p events.Payload) {
+		seq++
+		e := events.New("test", now, p)
+		e.Seq = seq
+		deliver(d, e)
+	}
+	put(host("h-a", 8, 8))
+	const jobs = events.KeepOver + 50
+	for job := int64(1); job <= jobs; job++ {
+		for _, p := range done(job, "h-a", "success") {
+			put(p)
+		}
+		now = now.Add(time.Millisecond)
+	}
+	if n := len(d.Fleet().Jobs); n != jobs {
+		t.Fatalf("the fold holds %d job records before deciding; the test needs all %d", n, jobs)
+	}
+	now = now.Add(events.CompactSoonest)
+	d.Decide(ctx)
+	if n, a := len(d.Fleet().Jobs), len(d.Fleet().Attempts); n != events.KeepOver || a != events.KeepOver {
+		t.Fatalf("%s after the first decision the fold holds %d job and %d attempt records; want the newest %d of each",
+			events.CompactSoonest, n, a, events.KeepOver)
+	}
+	if settled, _ := d.Fleet().SettledCounts(); settled != jobs-events.KeepOver {
+		t.Fatalf("%d jobs settled; want the %d oldest", settled, jobs-events.KeepOver)
+	}
+}

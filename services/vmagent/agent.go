@@ -302,9 +302,10 @@ func (a *Agent) call(ctx context.Context, c events.Call) {
 	}
 }
 
-// housekeep keeps the agent's memory flat in jobs served (law 5).
+// housekeep keeps the agent's memory flat in jobs served (law 5), once a
+// minute or sooner while the fold grows fast (events.Fleet.CompactDue).
 func (a *Agent) housekeep(now time.Time) {
-	if now.Sub(a.lastHK) < time.Minute {
+	if !a.Fold.CompactDue(now, a.lastHK) {
 		return
 	}
 	a.lastHK = now

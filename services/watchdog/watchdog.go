@@ -276,9 +276,10 @@ func (w *Watchdog) Decide(ctx context.Context) {
 	w.mu.Unlock()
 }
 
-// housekeep compacts the fold and expires in-flight marks (law 5).
+// housekeep compacts the fold and expires in-flight marks (law 5), once a
+// minute or sooner while the fold grows fast (events.Fleet.CompactDue).
 func (w *Watchdog) housekeep(now time.Time) {
-	if now.Sub(w.lastCompact) < time.Minute {
+	if !w.Fold.CompactDue(now, w.lastCompact) {
 		return
 	}
 	w.lastCompact = now

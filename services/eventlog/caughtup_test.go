@@ -3,6 +3,7 @@ package eventlog_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -226,5 +227,46 @@ func TestAPendingCountOfZeroIsNotCaughtUp(t *testing.T) {
 	testkit.Eventually(t, waitLimit, "a Decide once the target is reached", func() bool { return len(decides()) > 0 })
 	if d := decides(); d[0] != len(stored) {
 		t.Fatalf("the first Decide saw %d facts, want all %d the log held at start", d[0], len(stored))
+	}
+}
+
+// Given a loop reading the whole log and one reading a host's subjects, when
+// each is handed facts 1 and 2, then fact 7 (3 to 6 expired before it read
+// them, or are other subjects' facts), then the whole-log loop says facts
+// 3..6 expired (health shows Truncated) and the filtered one says nothing:
+// its gaps are facts of other subjects.
+func TestAJumpInSequenceOnTheWholeLogIsFactsThatExpired(t *testing.T) {
+	_, js, _ := start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	run := func(filter string) *eventlog.Loop {
+		loop := &eventlog.Loop{JS: js, Filters: []string{filter}, Tick: time.Millisecond}
+		eventlog.SetSource(loop, func(ctx context.Context, _ uint64, ch chan<- eventlog.Delivered) error {
+			for _, seq := range []uint64{1, 2, 7} {
+				ref := events.AttemptRef{Attempt: events.AttemptID(int64(seq), 1), Pool: "linux", Host: "host-a"}
+				ev := events.New("test", time.Now(), events.AttemptProvisioning{AttemptRef: ref})
+				ev.Seq = seq
+				ch <- eventlog.Delivered{Event: ev}
+			}
+			<-ctx.Done()
+			return nil
+		})
+		lctx, lcancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- loop.Run(lctx, &decideRecorder{}) }()
+		t.Cleanup(func() {
+			lcancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		})
+		testkit.Eventually(t, waitLimit, "fact 7 folded", func() bool { return loop.LastSeq() == 7 })
+		return loop
+	}
+	if got := run(events.SubjectAll).Truncated(); !strings.Contains(got, "facts 3..6 expired") {
+		t.Errorf("the whole-log loop's Truncated is %q; want it to name facts 3..6 as expired", got)
+	}
+	if got := run(events.HostAttemptsFilter("host-a")).Truncated(); got != "" {
+		t.Errorf("the filtered loop's Truncated is %q; want none: its gaps are other subjects' facts", got)
 	}
 }

@@ -257,9 +257,14 @@ func TestRestartAfterOldFactsExpiredComesBackThroughTheSnapshot(t *testing.T) {
 	// overruns the stream's cap, and a fold that starts late would only
 	// ever see the newest 25 facts.
 	testkit.Eventually(t, waitLimit, "first service caught up with the empty log", first.loop.CaughtUp)
+	// Caught up with an empty log is at once, before its consumer is made:
+	// one made after 37 facts were written starts at the 13th, the oldest
+	// the stream still holds (under load, 1 run in 8 did).
+	testkit.Eventually(t, waitLimit, "first service's consumer made", func() bool { return streamState(t, js).Consumers > 0 })
 	h.granted("host-a")
 	for i := range 14 {
 		h.job("host-a", i%3 != 0)
+		first.waitApplied(t, h.last()) // a reader 25 facts behind would miss some (1 run in 6 under load did)
 	}
 	last := h.kept[len(h.kept)-1].Seq
 	first.waitApplied(t, last)
@@ -267,6 +272,9 @@ func TestRestartAfterOldFactsExpiredComesBackThroughTheSnapshot(t *testing.T) {
 	first.stop() // saves a last snapshot
 	if st := streamState(t, js); st.FirstSeq <= 1 || st.Msgs != 25 {
 		t.Fatalf("stream state %+v: want old facts expired, 25 kept", st)
+	}
+	if why := first.loop.Truncated(); why != "" {
+		t.Fatalf("the first service folded a truncated log: %s", why)
 	}
 	had := first.r.bytes(t)
 	if want := h.fold(); !bytes.Equal(had, want) {

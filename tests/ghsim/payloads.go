@@ -1,6 +1,8 @@
 package ghsim
 
 import (
+	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -63,6 +65,44 @@ func (s *Sim) envelope() map[string]any {
 	return env
 }
 
+// hookTemplate is the real fixture a workflow_job webhook for action and j
+// is built from.
+func (s *Sim) hookTemplate(action string, j *job) map[string]any {
+	switch {
+	case action == "queued":
+		return s.fx.hookQueued
+	case action == "in_progress":
+		return s.fx.hookInProgress
+	case j.conclusion == ConclusionCancelled && j.runnerID == 0:
+		return s.fx.hookCancel
+	case j.conclusion == ConclusionFailure:
+		return s.fx.hookFailure
+	}
+	return s.fx.hookSuccess
+}
+
+// envelopeJSONLocked is the envelope, encoded once: every workflow_job
+// webhook carries the same repository, organization and sender, and making
+// them again for each (a deep copy of the fixture's objects, a replacement
+// in every string, the encoding) was a third of all the bytes the
+// throughput bench allocated, which the collector then charged to every
+// goroutine in the process, Berth's among them. A raw message encodes to
+// the same bytes: encoding/json writes a map's keys sorted either way.
+func (s *Sim) envelopeJSONLocked() map[string]json.RawMessage {
+	if s.envJSON == nil {
+		env := map[string]json.RawMessage{}
+		for k, v := range s.envelope() {
+			b, err := json.Marshal(v)
+			if err != nil { // cannot happen: decoded JSON, renamed
+				panic(fmt.Sprintf("ghsim: marshal webhook envelope: %v", err))
+			}
+			env[k] = b
+		}
+		s.envJSON = env
+	}
+	return s.envJSON
+}
+
 // fillJob overwrites a workflow_job object (webhook or REST shape) with j's state.
 // runner_* are null while the job is queued, 0/"" for a job cancelled before any
 // runner took it, and the runner's values once assigned.
@@ -112,26 +152,22 @@ func (s *Sim) fillJob(wj map[string]any, j *job, apiBase string) {
 // matching real fixture: queued, in_progress, completed (success / failure) or
 // the cancelled-before-assignment capture.
 func (s *Sim) jobHookPayloadLocked(action string, j *job) map[string]any {
-	var tpl map[string]any
-	switch {
-	case action == "queued":
-		tpl = s.fx.hookQueued
-	case action == "in_progress":
-		tpl = s.fx.hookInProgress
-	case j.conclusion == ConclusionCancelled && j.runnerID == 0:
-		tpl = s.fx.hookCancel
-	case j.conclusion == ConclusionFailure:
-		tpl = s.fx.hookFailure
-	default:
-		tpl = s.fx.hookSuccess
+	tpl := s.hookTemplate(action, j)
+	// Only workflow_job is filled in: the template's other objects are
+	// shared with it (read only: the body is encoded and dropped), and the
+	// envelope is encoded once (envelopeJSONLocked).
+	body := make(map[string]any, len(tpl))
+	for k, v := range tpl {
+		body[k] = v
 	}
-	body := copyObj(tpl)
 	body["action"] = action
-	for k, v := range s.envelope() {
+	for k, v := range s.envelopeJSONLocked() {
 		body[k] = v
 	}
 	delete(body, "installation") // org hooks, unlike GitHub App hooks, carry none
-	wj := obj(body, "workflow_job")
+	wj, _ := tpl["workflow_job"].(map[string]any)
+	wj = copyObj(wj)
+	body["workflow_job"] = wj
 	s.fillJob(wj, j, s.apiBaseLocked())
 	if action == "queued" {
 		wj["steps"] = []any{}

@@ -20,6 +20,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -95,6 +96,7 @@ type Sim struct {
 	cfg        Config
 	log        *slog.Logger
 	fx         *fixtures
+	envJSON    map[string]json.RawMessage // envelopeJSONLocked
 	hookID     int64
 	acquireTTL time.Duration
 	handler    http.Handler

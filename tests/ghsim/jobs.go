@@ -274,8 +274,8 @@ func restTakeable(j *job) bool { return j.open() && j.set == 0 }
 // open job from the oldest: a runner whose labels matched none of a
 // backlog (a macOS runner behind thousands of Linux jobs) walked all of it
 // each time it was woken, and every change wakes every polling runner, so
-// the simulator's matching grew with the backlog (7% of the throughput
-// bench's CPU). Jobs are indexed as they are found in s.jobs, so a test
+// the simulator's matching grew with the backlog (4.5% of a 20,000-job
+// throughput run's CPU). Jobs are indexed as they are found in s.jobs, so a test
 // may build s.jobs directly.
 func (s *Sim) restJobsLocked() map[string]*labelQueue {
 	if s.byLabels == nil {

@@ -428,17 +428,17 @@ func (f *Fleet) CompactAfter(now time.Time, settle, retention time.Duration) (jo
 }
 
 // settling is when Compact leaves only the id of what is over: after
-// `after`, or after `early` for all but the newest `keep` (jobs and
-// attempts counted apart). The services settle early at once (early 0).
+// `after`, or at once for all but the newest `keep` (jobs and attempts
+// counted apart).
 type settling struct {
-	after, early time.Duration
-	keep         int
+	after time.Duration
+	keep  int
 }
 
 func (f *Fleet) compact(now time.Time, s settling, retention time.Duration) (jobs, attempts int) {
 	cut := now.Add(-retention)
 	scut := now.Add(-min(s.after, retention))
-	ecut := now.Add(-min(s.early, s.after, retention))
+	ecut := now // beyond the newest keep, what is over settles at once
 	pk := &f.history.peaks
 	pk.jobs, pk.attempts = max(pk.jobs, len(f.Jobs)), max(pk.attempts, len(f.Attempts))
 	pk.byRunner, pk.deliveries = max(pk.byRunner, len(f.byRunner)), max(pk.deliveries, len(f.Deliveries))

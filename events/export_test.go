@@ -58,8 +58,8 @@ func (f *Fleet) StatusByScan(slots bool) Status {
 	return b.finish()
 }
 
-// CompactKeeping is CompactAfter with its early settling given: of the
-// records over for early, all but the newest keep settle too.
-func (f *Fleet) CompactKeeping(now time.Time, settle, early time.Duration, keep int, retention time.Duration) (jobs, attempts int) {
-	return f.compact(now, settling{after: settle, early: early, keep: keep}, retention)
+// CompactKeeping is CompactAfter with how many records over it keeps
+// whole given: all but the newest keep settle at once.
+func (f *Fleet) CompactKeeping(now time.Time, settle time.Duration, keep int, retention time.Duration) (jobs, attempts int) {
+	return f.compact(now, settling{after: settle, keep: keep}, retention)
 }

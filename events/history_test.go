@@ -233,9 +233,8 @@ func TestPropertySettlingChangesNoDecision(t *testing.T) {
 				settled.Apply(e)
 			}
 			if rapid.IntRange(0, 3).Draw(t, "compact") == 0 {
-				after := rapid.IntRange(0, 60).Draw(t, "settle s")
-				early, keep := rapid.IntRange(0, after).Draw(t, "settle early s"), rapid.IntRange(0, 3).Draw(t, "keep")
-				settled.CompactKeeping(now, time.Duration(after)*time.Second, time.Duration(early)*time.Second, keep, 1000*time.Hour)
+				after, keep := rapid.IntRange(0, 60).Draw(t, "settle s"), rapid.IntRange(0, 3).Draw(t, "keep")
+				settled.CompactKeeping(now, time.Duration(after)*time.Second, keep, 1000*time.Hour)
 			}
 			requireSameDecisions(t, settled, full, i)
 		}

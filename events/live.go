@@ -50,6 +50,7 @@ type live struct {
 	// keeps for the settle window (at 500 jobs/s, 300,000 of them).
 	shown  map[string]*Attempt
 	counts JobCounts
+	due    dueIndex // the quiet attempts by their deadlines' clocks (due.go)
 }
 
 // jobBucket is the JobCounts figure a job counts under.
@@ -385,10 +386,18 @@ func (f *Fleet) rejudgeAttempts() {
 			}
 		}
 		actionable := a != nil && f.actionable(a)
+		quiet := actionable && f.quiet(a)
 		keep(l.attempts, actionable)
-		keep(l.unquiet, actionable && !f.quiet(a))
+		keep(l.unquiet, actionable && !quiet)
 		keep(l.vms, a != nil && vmPending(a))
 		keep(l.shown, a != nil && shownInStatus(a))
+		if l.due.built {
+			var filed *Attempt // not quiet: filed nowhere
+			if quiet {
+				filed = a
+			}
+			f.fileDue(id, filed)
+		}
 	}
 	l.dirtyAttempts = emptied(l.dirtyAttempts)
 }

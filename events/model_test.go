@@ -34,6 +34,7 @@ type mAttempt struct {
 	placed, prov, started, failed      bool
 	released, teardown, stopped, aband bool
 	deregistered                       bool // its runner registration deleted
+	bound                              bool // the dispatcher recorded the job its runner took (AttemptBound)
 }
 
 func (a *mAttempt) held() bool   { return !a.released }
@@ -67,6 +68,7 @@ type model struct {
 	attempts []*mAttempt
 	hosts    []*mHost
 	alarms   map[string]bool
+	leaks    bool // VMs may stop under running jobs (genLeakyHistory)
 }
 
 // tick advances the clock by 0–2 s (at least minStep), so times are
@@ -85,6 +87,14 @@ func (m *model) emit(p events.Payload) {
 
 // next is emit after a tick of 0–2 s.
 func (m *model) next(p events.Payload) { m.tick(0); m.emit(p) }
+
+// nextBy is next for a fact written by role (its subject names it).
+func (m *model) nextBy(role events.Role, p events.Payload) {
+	m.tick(0)
+	e := events.NewBy("model", role, m.now, p)
+	e.Seq = uint64(len(m.hist) + 1)
+	m.hist = append(m.hist, e)
+}
 
 // releaseFact releases a reservation. A completion names the job the runner
 // ran, which may not be the one the attempt was booked for (law 8).
@@ -202,6 +212,29 @@ func (m *model) actions() (common, rare, noise []func()) {
 		case !a.held() && a.teardown && !a.stopped && a.aband:
 			add(func() { a.stopped = true; m.next(&events.AttemptStopped{AttemptRef: r, Late: true}) })
 		}
+		if a.took != 0 && !a.bound {
+			// The dispatcher records the binding on the attempt's subject.
+			add(func() { a.bound = true; m.next(&events.AttemptBound{AttemptRef: r, JobID: a.took}) })
+		}
+		if a.held() && a.took != 0 && jobByID[a.took].status == events.StatusInProgress {
+			// Its VM stops under a running job (the completed webhook is
+			// late: a slot leak, which breaks the fold's invariants, so
+			// only in histories with leaks), or an operator tears it
+			// down mid-job. Common, not
+			// rare: the states they make (a held slot whose VM stopped, a
+			// VM torn down while its job runs, each with its binding
+			// recorded) last a few steps, and the live index's property
+			// must meet them often.
+			if m.leaks && !a.stopped && !a.teardown {
+				add(func() { a.stopped = true; m.next(&events.AttemptStopped{AttemptRef: r}) })
+			}
+			if !a.teardown {
+				add(func() {
+					a.teardown = true
+					m.nextBy(events.RoleCLI, &events.AttemptTeardownRequested{AttemptRef: r, Reason: "operator"})
+				})
+			}
+		}
 		if !a.held() && a.placed && a.took == 0 && !a.deregistered {
 			// The dispatcher deletes a released runner's unused registration.
 			addRare(func() { a.deregistered = true; m.next(&events.AttemptDeregistered{AttemptRef: r}) })
@@ -283,8 +316,15 @@ func (m *model) reserve(j *mJob, h *mHost) {
 }
 
 // genHistory draws a valid history.
-func genHistory(t *rapid.T) []events.Event {
-	m := &model{t: t, now: t0, alarms: map[string]bool{}}
+func genHistory(t *rapid.T) []events.Event { return genModel(t, false) }
+
+// genLeakyHistory is genHistory in which a VM may also stop under its
+// running job while its slot is held (a slot leak: the fold's invariants
+// do not hold, but its indexes must).
+func genLeakyHistory(t *rapid.T) []events.Event { return genModel(t, true) }
+
+func genModel(t *rapid.T, leaks bool) []events.Event {
+	m := &model{t: t, now: t0, alarms: map[string]bool{}, leaks: leaks}
 	for i, n := 0, rapid.IntRange(1, 3).Draw(t, "hosts"); i < n; i++ {
 		h := &mHost{name: fmt.Sprintf("host-%d", i), slots: map[string]int{},
 			physical: rapid.IntRange(1, 4).Draw(t, "physical")}

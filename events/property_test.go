@@ -135,28 +135,90 @@ func TestPropertyCountersEqualRecountInAnyOrder(t *testing.T) {
 	})
 }
 
-// Given any history, applied in any order with redeliveries and read or
-// compacted at any point, the live index (what the deciders walk) holds
-// exactly the jobs and attempts a full scan of the fold finds open.
+// Given any history, applied in order and in any order with redeliveries,
+// and read or compacted at any point, the live index (what the deciders
+// walk) holds exactly the jobs and attempts a full scan of the fold finds
+// open, and QuietDue the quiet attempts a scan finds past its cuts. (A
+// shuffled history seldom holds a state only its order makes, such as an
+// operator's teardown of a VM whose job still runs, hence both.)
 func TestPropertyLiveIndexEqualsAFullScan(t *testing.T) {
+	var due [3]int // quiet attempts QuietDue yielded, per deadline, over every history
 	rapid.Check(t, func(t *rapid.T) {
-		f := events.NewFleet()
-		var last time.Time
-		for i, e := range shuffledWithDuplicates(t, genHistory(t)) {
-			f.Apply(e)
-			if e.Time.After(last) {
-				last = e.Time
+		h := genLeakyHistory(t)
+		for _, h := range [][]events.Event{h, shuffledWithDuplicates(t, h)} {
+			f := events.NewFleet()
+			var last time.Time
+			for i, e := range h {
+				f.Apply(e)
+				if e.Time.After(last) {
+					last = e.Time
+				}
+				requireQuietDue(t, f, i+1, &due)
+				switch rapid.IntRange(0, 9).Draw(t, "then") {
+				case 0:
+					requireIndexed(t, f, i+1)
+				case 1:
+					f.Compact(last, time.Duration(rapid.IntRange(0, 120).Draw(t, "retention s"))*time.Second)
+				}
 			}
-			switch rapid.IntRange(0, 9).Draw(t, "then") {
-			case 0:
-				requireIndexed(t, f, i+1)
-			case 1:
-				f.Compact(last, time.Duration(rapid.IntRange(0, 120).Draw(t, "retention s"))*time.Second)
+			requireQuietDue(t, f, -1, &due)
+			f.Compact(last.Add(time.Hour), time.Minute)
+			requireIndexed(t, f, -1)
+		}
+	})
+	t.Logf("quiet attempts due per deadline (job started, teardown, VM stopped): %v", due)
+	for k, n := range due {
+		if n == 0 {
+			t.Fatalf("no history made a quiet attempt due by deadline %d: the histories do not exercise QuietDue (due per deadline %v)", k, due)
+		}
+	}
+}
+
+// requireQuietDue: for cuts drawn over the history's times, QuietDue
+// yields, once each, exactly the quiet attempts (live, not unquiet) a
+// full scan finds past one of the cuts; due counts them per deadline.
+func requireQuietDue(t *rapid.T, f *events.Fleet, after int, due *[3]int) {
+	cut := func(name string) time.Time {
+		switch s := rapid.IntRange(-1, 900).Draw(t, name); {
+		case s < 0:
+			return time.Time{} // none of that kind
+		case s > 600: // past every history's end (300 steps of 0–2 s)
+			return t0.Add(time.Hour)
+		default:
+			return t0.Add(time.Duration(s) * time.Second)
+		}
+	}
+	cuts := events.QuietCuts{Started: cut("started cut"), Teardown: cut("teardown cut"), Stopped: cut("stopped cut")}
+	before := func(at, c time.Time) bool { return !c.IsZero() && !at.After(c) }
+	unquiet := map[string]bool{}
+	for a := range f.UnquietAttempts() {
+		unquiet[a.ID] = true
+	}
+	want := map[string]int{}
+	for a := range f.LiveAttempts() {
+		if unquiet[a.ID] {
+			continue
+		}
+		j := f.Jobs[f.BoundJob(a.ID)]
+		kinds := [3]bool{
+			j != nil && j.Status == events.StatusInProgress && !j.StartedAt.IsZero() && before(j.StartedAt, cuts.Started),
+			a.TeardownReq && !a.Stopped && !a.Abandoned && !a.RunsJob() && before(a.TeardownAt, cuts.Teardown),
+			a.Held() && a.Stopped && before(a.StoppedAt, cuts.Stopped),
+		}
+		for k, in := range kinds {
+			if in {
+				due[k]++
+				want[a.ID] = 1
 			}
 		}
-		f.Compact(last.Add(time.Hour), time.Minute)
-		requireIndexed(t, f, -1)
-	})
+	}
+	got := map[string]int{}
+	for a := range f.QuietDue(cuts) {
+		got[a.ID]++
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("after %d events, cuts %+v: QuietDue yields %v (times each), a full scan finds %v", after, cuts, got, want)
+	}
 }
 
 func requireIndexed(t *rapid.T, f *events.Fleet, after int) {

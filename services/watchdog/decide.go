@@ -169,45 +169,69 @@ func Decide(f *events.Fleet, now time.Time, seen map[string]time.Time, p Params)
 	plan.gitHubAlarm(f, now)
 	// The live index: a terminal attempt (no slot, no VM) has no deadline
 	// left, and walking the ones the fold keeps for the retention made
-	// Decide's cost grow with history. The walk is in no order; what it
-	// plans is put in attempt order after it (sortByAttempt), so sorting
-	// costs what is acted on, not every live attempt (10,000 running jobs
-	// spent a fifth of each round sorting).
+	// Decide's cost grow with history. Of the live attempts, the quiet
+	// ones (each holds its slot for a job its runner runs) can only be
+	// overdue by the clock, on one of three deadlines, so the fold yields
+	// just those whose deadline may have passed (QuietDue): a fleet of
+	// 10,000 running jobs no longer costs each round a walk of 10,000
+	// attempts. The walk is in no order; what it plans is put in attempt
+	// order after it (sortByAttempt), so sorting costs what is acted on,
+	// not every live attempt.
 	leaks := map[string][]*events.Attempt{}
-	for a := range f.LiveAttempts() {
-		if a.Terminal() {
-			continue
-		}
-		ref := events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}
-		bound := f.BoundJob(a.ID)
-		switch {
-		case a.Held() && bound == 0 && busy(a, now):
-			// GitHub said its runner runs a job (its in_progress has not
-			// come): no deadline releases it (law 7).
-		case a.Held() && lost[a.Host] && lostRelease(a, bound, f.Hosts[a.Host], now, p.HostTTL):
-			plan.release(a, events.ReleaseHostLost, p)
-		case a.Held() && bound == 0 && !a.RunnerStarted && !a.Failed && provisionOverdue(a, now, fallback(a, p.ProvisionTimeout)):
-			plan.release(a, events.ReleaseProvisionTimeout, p)
-		case a.Held() && bound == 0 && a.RunnerStarted && p.RegistrationTimeout > 0 && now.Sub(a.RunnerStartedAt) > fallback(a, p.RegistrationTimeout):
-			plan.release(a, events.ReleaseRegistration, p)
-		case a.Held() && bound != 0 && p.MaxJobDuration > 0 && overran(f.Jobs[bound], now, p.MaxJobDuration):
-			plan.release(a, events.ReleaseMaxDuration, p)
-		case a.RunsJob() && (bound == 0 || f.Jobs[bound] == nil || f.Jobs[bound].Status != events.StatusCompleted):
-			// Its agent keeps the VM while the job runs, whatever
-			// teardown was asked for before the binding: no stop overran.
-		case a.TeardownReq && !a.Stopped && !a.Abandoned && now.Sub(a.TeardownAt) > p.TeardownTimeout:
-			plan.Abandon = append(plan.Abandon, events.AttemptAbandoned{AttemptRef: ref, Step: "stop", After: p.TeardownTimeout})
-		}
-		// A held slot is accounted for by a live attempt; one whose VM is
-		// already stopped accounts for nothing (law 6).
-		if a.Held() && a.Stopped && now.Sub(a.StoppedAt) > p.LeakGrace {
-			leaks[a.Pool] = append(leaks[a.Pool], a)
-		}
+	for a := range f.UnquietAttempts() {
+		plan.judge(f, a, now, lost, leaks, p)
+	}
+	for a := range f.QuietDue(quietCuts(now, p)) {
+		plan.judge(f, a, now, lost, leaks, p)
 	}
 	plan.sortByAttempt(leaks)
 	plan.leakAlarms(f, now, leaks)
 	plan.Demand = waiting(f, now, p)
 	return plan
+}
+
+// quietCuts are the watchdog's deadlines a quiet attempt can overrun, as
+// of now: the longest a job may run, a stop's deadline, and the grace of
+// a held slot whose VM stopped (judge holds the same comparisons).
+func quietCuts(now time.Time, p Params) events.QuietCuts {
+	c := events.QuietCuts{Teardown: now.Add(-p.TeardownTimeout), Stopped: now.Add(-p.LeakGrace)}
+	if p.MaxJobDuration > 0 {
+		c.Started = now.Add(-p.MaxJobDuration)
+	}
+	return c
+}
+
+// judge plans what a's deadlines call for now, and files a under leaks
+// when its held slot accounts for no VM.
+func (plan *Plan) judge(f *events.Fleet, a *events.Attempt, now time.Time, lost map[string]bool, leaks map[string][]*events.Attempt, p Params) {
+	if a.Terminal() {
+		return
+	}
+	ref := events.AttemptRef{Attempt: a.ID, Pool: a.Pool, Host: a.Host}
+	bound := f.BoundJob(a.ID)
+	switch {
+	case a.Held() && bound == 0 && busy(a, now):
+		// GitHub said its runner runs a job (its in_progress has not
+		// come): no deadline releases it (law 7).
+	case a.Held() && lost[a.Host] && lostRelease(a, bound, f.Hosts[a.Host], now, p.HostTTL):
+		plan.release(a, events.ReleaseHostLost, p)
+	case a.Held() && bound == 0 && !a.RunnerStarted && !a.Failed && provisionOverdue(a, now, fallback(a, p.ProvisionTimeout)):
+		plan.release(a, events.ReleaseProvisionTimeout, p)
+	case a.Held() && bound == 0 && a.RunnerStarted && p.RegistrationTimeout > 0 && now.Sub(a.RunnerStartedAt) > fallback(a, p.RegistrationTimeout):
+		plan.release(a, events.ReleaseRegistration, p)
+	case a.Held() && bound != 0 && p.MaxJobDuration > 0 && overran(f.Jobs[bound], now, p.MaxJobDuration):
+		plan.release(a, events.ReleaseMaxDuration, p)
+	case a.RunsJob() && (bound == 0 || f.Jobs[bound] == nil || f.Jobs[bound].Status != events.StatusCompleted):
+		// Its agent keeps the VM while the job runs, whatever
+		// teardown was asked for before the binding: no stop overran.
+	case a.TeardownReq && !a.Stopped && !a.Abandoned && now.Sub(a.TeardownAt) > p.TeardownTimeout:
+		plan.Abandon = append(plan.Abandon, events.AttemptAbandoned{AttemptRef: ref, Step: "stop", After: p.TeardownTimeout})
+	}
+	// A held slot is accounted for by a live attempt; one whose VM is
+	// already stopped accounts for nothing (law 6).
+	if a.Held() && a.Stopped && now.Sub(a.StoppedAt) > p.LeakGrace {
+		leaks[a.Pool] = append(leaks[a.Pool], a)
+	}
 }
 
 // sortByAttempt puts what the walk of live attempts planned in attempt
@@ -384,7 +408,7 @@ func waiting(f *events.Fleet, now time.Time, p Params) []events.DemandWaiting {
 		return nil // nothing waited long: the held slots need no count
 	}
 	unbound := map[string]int{}
-	for a := range f.LiveAttempts() {
+	for a := range f.UnquietAttempts() { // a quiet attempt is bound
 		if a.Held() && f.BoundJob(a.ID) == 0 {
 			unbound[a.Pool]++
 		}

@@ -1,8 +1,11 @@
 package ghsim
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -66,19 +69,19 @@ func (s *Sim) envelope() map[string]any {
 }
 
 // hookTemplate is the real fixture a workflow_job webhook for action and j
-// is built from.
-func (s *Sim) hookTemplate(action string, j *job) map[string]any {
+// is built from, and its kind (the key of its encoded members).
+func (s *Sim) hookTemplate(action string, j *job) (string, map[string]any) {
 	switch {
 	case action == "queued":
-		return s.fx.hookQueued
+		return "queued", s.fx.hookQueued
 	case action == "in_progress":
-		return s.fx.hookInProgress
+		return "in_progress", s.fx.hookInProgress
 	case j.conclusion == ConclusionCancelled && j.runnerID == 0:
-		return s.fx.hookCancel
+		return "cancelled", s.fx.hookCancel
 	case j.conclusion == ConclusionFailure:
-		return s.fx.hookFailure
+		return "failure", s.fx.hookFailure
 	}
-	return s.fx.hookSuccess
+	return "success", s.fx.hookSuccess
 }
 
 // envelopeJSONLocked is the envelope, encoded once: every workflow_job
@@ -86,8 +89,8 @@ func (s *Sim) hookTemplate(action string, j *job) map[string]any {
 // them again for each (a deep copy of the fixture's objects, a replacement
 // in every string, the encoding) was a third of all the bytes the
 // throughput bench allocated, which the collector then charged to every
-// goroutine in the process, Berth's among them. A raw message encodes to
-// the same bytes: encoding/json writes a map's keys sorted either way.
+// goroutine in the process, Berth's among them. Its members are joined
+// into each body as they are (jobHookBodyLocked).
 func (s *Sim) envelopeJSONLocked() map[string]json.RawMessage {
 	if s.envJSON == nil {
 		env := map[string]json.RawMessage{}
@@ -148,31 +151,92 @@ func (s *Sim) fillJob(wj map[string]any, j *job, apiBase string) {
 	}
 }
 
-// jobHookPayloadLocked builds a workflow_job webhook body for action from the
-// matching real fixture: queued, in_progress, completed (success / failure) or
-// the cancelled-before-assignment capture.
-func (s *Sim) jobHookPayloadLocked(action string, j *job) map[string]any {
-	tpl := s.hookTemplate(action, j)
-	// Only workflow_job is filled in: the template's other objects are
-	// shared with it (read only: the body is encoded and dropped), and the
-	// envelope is encoded once (envelopeJSONLocked).
-	body := make(map[string]any, len(tpl))
-	for k, v := range tpl {
-		body[k] = v
-	}
-	body["action"] = action
-	for k, v := range s.envelopeJSONLocked() {
-		body[k] = v
-	}
-	delete(body, "installation") // org hooks, unlike GitHub App hooks, carry none
+// jobHookBodyLocked builds the encoded body of a workflow_job webhook for
+// action from the matching real fixture: queued, in_progress, completed
+// (success / failure) or the cancelled-before-assignment capture. Only
+// action and workflow_job are encoded for each body; every other member
+// (the envelope, and what else the fixture holds) was encoded once
+// (hookMembersLocked), and the body is their bytes joined in key order,
+// as encoding/json writes a map: marshalling a map of raw messages had
+// encoding/json scan every one of them again to compact it, 2.5% of a
+// throughput run's CPU.
+func (s *Sim) jobHookBodyLocked(action string, j *job) []byte {
+	kind, tpl := s.hookTemplate(action, j)
+	m := s.hookMembersLocked(kind, tpl)
 	wj, _ := tpl["workflow_job"].(map[string]any)
 	wj = copyObj(wj)
-	body["workflow_job"] = wj
 	s.fillJob(wj, j, s.apiBaseLocked())
 	if action == "queued" {
 		wj["steps"] = []any{}
 	}
-	return body
+	a, errA := json.Marshal(action)
+	w, errW := json.Marshal(wj)
+	if err := cmp.Or(errA, errW); err != nil { // cannot happen: decoded JSON plus scalars
+		panic(fmt.Sprintf("ghsim: marshal webhook: %v", err))
+	}
+	body := make([]byte, 0, m.size+len(a)+len(w)+32)
+	body = append(body, '{')
+	for i, k := range m.keys {
+		if i > 0 {
+			body = append(body, ',')
+		}
+		body = append(body, k...)
+		body = append(body, ':')
+		switch v := m.raw[i]; {
+		case v != nil:
+			body = append(body, v...)
+		case k == `"action"`:
+			body = append(body, a...)
+		default:
+			body = append(body, w...)
+		}
+	}
+	return append(body, '}')
+}
+
+// hookMembers are a webhook template's top-level members, in key order,
+// each key quoted and each value encoded, but action's and workflow_job's
+// (nil): a body fills those in.
+type hookMembers struct {
+	keys []string
+	raw  [][]byte
+	size int // bytes of the keys and values
+}
+
+// hookMembersLocked is the members of tpl, the template of kind, encoded
+// on first use: the envelope's in place of the fixture's own
+// (envelopeJSONLocked), and no installation (org hooks, unlike GitHub App
+// hooks, carry none).
+func (s *Sim) hookMembersLocked(kind string, tpl map[string]any) *hookMembers {
+	if m := s.members[kind]; m != nil {
+		return m
+	}
+	vals := map[string][]byte{"action": nil, "workflow_job": nil}
+	for k, v := range tpl {
+		if k == "action" || k == "workflow_job" {
+			continue
+		}
+		b, err := json.Marshal(v)
+		if err != nil { // cannot happen: decoded JSON
+			panic(fmt.Sprintf("ghsim: marshal webhook member %s: %v", k, err))
+		}
+		vals[k] = b
+	}
+	for k, v := range s.envelopeJSONLocked() {
+		vals[k] = v
+	}
+	delete(vals, "installation")
+	m := &hookMembers{}
+	for _, k := range slices.Sorted(maps.Keys(vals)) {
+		q, _ := json.Marshal(k)
+		m.keys, m.raw = append(m.keys, string(q)), append(m.raw, vals[k])
+		m.size += len(q) + len(vals[k]) + 2
+	}
+	if s.members == nil {
+		s.members = map[string]*hookMembers{}
+	}
+	s.members[kind] = m
+	return m
 }
 
 // restJobLocked renders j in the shape of api/actions.jobs.get.200.json.

@@ -97,6 +97,7 @@ type Sim struct {
 	log        *slog.Logger
 	fx         *fixtures
 	envJSON    map[string]json.RawMessage // envelopeJSONLocked
+	members    map[string]*hookMembers    // hookMembersLocked, by template kind
 	hookID     int64
 	acquireTTL time.Duration
 	handler    http.Handler

@@ -6,7 +6,6 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -82,11 +81,7 @@ func (s *Sim) Redeliver(deliveryID string) error {
 
 // emitJobLocked builds the workflow_job payload for j and queues its delivery.
 func (s *Sim) emitJobLocked(action string, j *job) {
-	body, err := json.Marshal(s.jobHookPayloadLocked(action, j))
-	if err != nil { // cannot happen: the payload is decoded JSON plus scalars
-		panic(fmt.Sprintf("ghsim: marshal webhook: %v", err))
-	}
-	s.queueLocked(&delivery{body: body, view: DeliveryView{
+	s.queueLocked(&delivery{body: s.jobHookBodyLocked(action, j), view: DeliveryView{
 		ID: newUUID(), Event: "workflow_job", Action: action, JobID: j.id,
 	}})
 }

@@ -1,6 +1,7 @@
 package events_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"reflect"
@@ -268,6 +269,38 @@ func TestValidNameRejectsTokensThatBreakSubjects(t *testing.T) {
 	for _, good := range []string{"linux", "macos-arm64", "A_1", strings.Repeat("x", 64)} {
 		if err := events.ValidName("pool", good); err != nil {
 			t.Errorf("ValidName(%q) = %v", good, err)
+		}
+	}
+}
+
+// Given a fact of every catalogue type, and one whose envelope strings need
+// escaping, when it is encoded, then its bytes are those encoding/json
+// gives for its Envelope with the payload as a raw message: the stored
+// bytes did not change when Marshal stopped encoding the payload twice.
+func TestAFactEncodesToItsEnvelopesBytes(t *testing.T) {
+	evs := []events.Event{}
+	for _, p := range samples() {
+		evs = append(evs, events.New("berth-test", at, p))
+	}
+	odd := events.New("berth/<test> & \u2028 é", at, samples()[events.TypeJobQueued])
+	odd.ID, odd.Subject = "id-<&>\u2029", odd.Subject+".x"
+	evs = append(evs, odd)
+	for _, e := range evs {
+		got, err := events.Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := json.Marshal(e.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := json.Marshal(events.Envelope{SpecVersion: events.SpecVersion, ID: e.ID, Source: e.Source, Type: e.Data.EventType(),
+			Time: e.Time, Subject: e.Subject, DataContentType: "application/json", Data: data})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%s: encoded\n %s\nwant\n %s", e.Type(), got, want)
 		}
 	}
 }

@@ -20,14 +20,20 @@ const SpecVersion = "1.0"
 // deduplicated by the server. Subject is the NATS subject the event is stored
 // under (see subjects.go).
 type Envelope struct {
-	SpecVersion     string          `json:"specversion"`
-	ID              string          `json:"id"`
-	Source          string          `json:"source"`
-	Type            string          `json:"type"`
-	Time            time.Time       `json:"time"`
-	Subject         string          `json:"subject"`
-	DataContentType string          `json:"datacontenttype,omitempty"`
-	Data            json.RawMessage `json:"data"`
+	EnvelopeHead
+	Data json.RawMessage `json:"data"`
+}
+
+// EnvelopeHead is an envelope's fields but its payload (Data, the last):
+// Marshal encodes it and splices the payload in.
+type EnvelopeHead struct {
+	SpecVersion     string    `json:"specversion"`
+	ID              string    `json:"id"`
+	Source          string    `json:"source"`
+	Type            string    `json:"type"`
+	Time            time.Time `json:"time"`
+	Subject         string    `json:"subject"`
+	DataContentType string    `json:"datacontenttype,omitempty"`
 }
 
 // Event is one decoded fact: its envelope fields, its payload, and the stream
@@ -99,7 +105,7 @@ func Marshal(e Event) ([]byte, error) {
 	// is compacted again when it is encoded; json.Marshal's output is
 	// already compact). That scan was a third of what encoding a fact
 	// cost, and every writer encodes each fact it appends.
-	head, err := json.Marshal(envelopeHead{
+	head, err := json.Marshal(EnvelopeHead{
 		SpecVersion:     SpecVersion,
 		ID:              e.ID,
 		Source:          e.Source,
@@ -116,17 +122,6 @@ func Marshal(e Event) ([]byte, error) {
 	b = append(b, `,"data":`...)
 	b = append(b, data...)
 	return append(b, '}'), nil
-}
-
-// envelopeHead is Envelope less Data, its last field (Marshal).
-type envelopeHead struct {
-	SpecVersion     string    `json:"specversion"`
-	ID              string    `json:"id"`
-	Source          string    `json:"source"`
-	Type            string    `json:"type"`
-	Time            time.Time `json:"time"`
-	Subject         string    `json:"subject"`
-	DataContentType string    `json:"datacontenttype,omitempty"`
 }
 
 // Unmarshal decodes an envelope and its payload. It returns an error wrapping

@@ -294,8 +294,8 @@ func TestAFactEncodesToItsEnvelopesBytes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, err := json.Marshal(events.Envelope{SpecVersion: events.SpecVersion, ID: e.ID, Source: e.Source, Type: e.Data.EventType(),
-			Time: e.Time, Subject: e.Subject, DataContentType: "application/json", Data: data})
+		want, err := json.Marshal(events.Envelope{EnvelopeHead: events.EnvelopeHead{SpecVersion: events.SpecVersion, ID: e.ID, Source: e.Source,
+			Type: e.Data.EventType(), Time: e.Time, Subject: e.Subject, DataContentType: "application/json"}, Data: data})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -219,12 +219,11 @@ func (m *model) actions() (common, rare, noise []func()) {
 		if a.held() && a.took != 0 && jobByID[a.took].status == events.StatusInProgress {
 			// Its VM stops under a running job (the completed webhook is
 			// late: a slot leak, which breaks the fold's invariants, so
-			// only in histories with leaks), or an operator tears it
-			// down mid-job. Common, not
-			// rare: the states they make (a held slot whose VM stopped, a
-			// VM torn down while its job runs, each with its binding
-			// recorded) last a few steps, and the live index's property
-			// must meet them often.
+			// only in histories with leaks), or an operator tears it down
+			// mid-job. Common, not rare: the states they make (a held
+			// slot whose VM stopped, a VM torn down while its job runs,
+			// each with its binding recorded) last a few steps, and the
+			// live index's property must meet them often.
 			if m.leaks && !a.stopped && !a.teardown {
 				add(func() { a.stopped = true; m.next(&events.AttemptStopped{AttemptRef: r}) })
 			}

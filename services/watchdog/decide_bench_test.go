@@ -15,7 +15,9 @@ import (
 // for the retention, 72 h); in the "retained" shape all but one are
 // completed; in the "running" shape all but one run, as in the bench's
 // scale phase (10,000 running jobs), each binding recorded by the
-// dispatcher. The watchdog decides after every batch and every tick.
+// dispatcher; "wide" is "running" on a host for every 20 jobs (the scale
+// phase's 500 hosts at 10,000 jobs) instead of 10. The watchdog decides
+// after every batch and every tick.
 func benchFleet(n int, shape string) *events.Fleet {
 	f := events.NewFleet()
 	var seq uint64
@@ -27,13 +29,17 @@ func benchFleet(n int, shape string) *events.Fleet {
 			testkit.ApplyGranted(f, e)
 		}
 	}
-	for i := 0; i < 10; i++ {
+	hosts := 10
+	if shape == "wide" {
+		hosts, shape = max(n/20, 1), "running"
+	}
+	for i := 0; i < hosts; i++ {
 		h := "h-" + strconv.Itoa(i)
-		add(&events.HostOnline{Host: h, Boot: "b1", PhysicalCap: n/10 + 10, CurveKey: "X" + h, Backend: "exec",
-			Pools: map[string]events.PoolSlots{"linux": {Labels: linux, Slots: n/10 + 10}}})
+		add(&events.HostOnline{Host: h, Boot: "b1", PhysicalCap: n/hosts + 10, CurveKey: "X" + h, Backend: "exec",
+			Pools: map[string]events.PoolSlots{"linux": {Labels: linux, Slots: n/hosts + 10}}})
 	}
 	for i := 0; i < n; i++ {
-		id, h := int64(i+1), "h-"+strconv.Itoa(i%10)
+		id, h := int64(i+1), "h-"+strconv.Itoa(i%hosts)
 		switch {
 		case shape == "mix" && i%10 == 0, shape == "retained" && i == 0:
 			add(&events.JobQueued{JobRef: job(id)})
@@ -55,7 +61,7 @@ func benchFleet(n int, shape string) *events.Fleet {
 }
 
 func BenchmarkDecide(b *testing.B) {
-	for _, shape := range []string{"mix", "retained", "running"} {
+	for _, shape := range []string{"mix", "retained", "running", "wide"} {
 		for _, n := range []int{100, 1000, 10000} {
 			b.Run(shape+"/jobs="+strconv.Itoa(n), func(b *testing.B) {
 				f := benchFleet(n, shape)

@@ -2,7 +2,7 @@ package watchdog
 
 import (
 	"fmt"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -49,7 +49,7 @@ func (p *Plan) hostHealth(f *events.Fleet, h *events.Host, now time.Time, par Pa
 		p.Degrade = append(p.Degrade, events.HostDegraded{HostChange: events.HostChange{Host: h.Name, At: now, By: By,
 			Reason: reason}, Culprit: c, Failures: n})
 	}
-	p.degradedAlarms(f, h, now, degraded, fmt.Sprintf("host %s is degraded (%s): %s", h.Name, culprit, reason))
+	p.degradedAlarms(f, h, now, degraded, func() string { return fmt.Sprintf("host %s is degraded (%s): %s", h.Name, culprit, reason) })
 }
 
 // advice says what an operator checks for a culprit.
@@ -66,48 +66,62 @@ func advice(culprit string) string {
 }
 
 // degradedAlarms raises, for a degraded host, one alarm per pool it offers,
-// and clears them when the host is healthy again.
-func (p *Plan) degradedAlarms(f *events.Fleet, h *events.Host, now time.Time, degraded bool, msg string) {
-	p.poolAlarms(f, h, events.AlarmHostDegraded, now, func(string) (bool, string) { return degraded, msg })
+// and clears them when the host is healthy again; msg is the alarm's
+// message, made only when one is raised.
+func (p *Plan) degradedAlarms(f *events.Fleet, h *events.Host, now time.Time, degraded bool, msg func() string) {
+	p.poolAlarms(f, h, events.AlarmHostDegraded, now, func(string) bool { return degraded }, func(string) string { return msg() })
 }
 
 // poolAlarms raises, for each pool h offers, the alarm kind/pool/host while
-// state says it holds (with its message), and clears it once it does not.
-func (p *Plan) poolAlarms(f *events.Fleet, h *events.Host, kind string, now time.Time, state func(pool string) (bool, string)) {
-	pools := make([]string, 0, len(h.Pools))
+// on says it holds (with msg's message), and clears it once it does not.
+// It runs for every host on every round, so it allocates nothing while
+// nothing changes: the message is made only for an alarm it raises, and a
+// host's few pools are sorted in place on the stack (500 hosts' messages,
+// made and dropped, were 2,500 allocations a round).
+func (p *Plan) poolAlarms(f *events.Fleet, h *events.Host, kind string, now time.Time, on func(pool string) bool, msg func(pool string) string) {
+	var buf [8]string
+	pools := buf[:0]
 	for pool := range h.Pools {
 		pools = append(pools, pool)
 	}
-	sort.Strings(pools)
+	slices.Sort(pools)
+	var kb [128]byte
 	for _, pool := range pools {
-		key := kind + "/" + pool + "/" + h.Name
-		al := f.Alarms[key]
-		on, msg := state(pool)
-		switch active := al != nil && al.Active; {
-		case on && !active:
-			p.Raise = append(p.Raise, events.AlarmRaised{Key: key, Kind: kind, Pool: pool, At: now, Message: msg})
-		case !on && active:
-			p.Clear = append(p.Clear, events.AlarmCleared{Key: key, Pool: pool, At: now})
+		key := alarmKey(kb[:0], kind, pool, h.Name)
+		al := f.Alarms[string(key)] // a lookup by converted bytes makes no string
+		switch holds, active := on(pool), al != nil && al.Active; {
+		case holds && !active:
+			p.Raise = append(p.Raise, events.AlarmRaised{Key: string(key), Kind: kind, Pool: pool, At: now, Message: msg(pool)})
+		case !holds && active:
+			p.Clear = append(p.Clear, events.AlarmCleared{Key: string(key), Pool: pool, At: now})
 		}
 	}
+}
+
+// alarmKey appends the key of alarm kind on pool for host to b:
+// kind/pool/host.
+func alarmKey(b []byte, kind, pool, host string) []byte {
+	b = append(append(append(b, kind...), '/'), pool...)
+	return append(append(b, '/'), host...)
 }
 
 // overclaimAlarm raises one fleet alarm per host whose announcement claims
 // more than its grant (events.Offer; culprit: the host), saying how and
 // the admin's command, and clears it once the claim fits its grant again.
 func (p *Plan) overclaimAlarm(f *events.Fleet, h *events.Host, now time.Time) {
-	key := events.AlarmHostOverclaim + "/fleet/" + h.Name
-	al := f.Alarms[key]
+	var kb [128]byte
+	key := alarmKey(kb[:0], events.AlarmHostOverclaim, "fleet", h.Name)
+	al := f.Alarms[string(key)] // a lookup by converted bytes makes no string
 	active := al != nil && al.Active
 	switch over := len(h.Overclaim) > 0; {
 	case over && !active:
-		p.Raise = append(p.Raise, events.AlarmRaised{Key: key, Kind: events.AlarmHostOverclaim, Pool: "fleet", At: now,
+		p.Raise = append(p.Raise, events.AlarmRaised{Key: string(key), Kind: events.AlarmHostOverclaim, Pool: "fleet", At: now,
 			Message: fmt.Sprintf("host %s announces more than the admin granted it (%s): it is offered only what its grant allows; "+
 				"if the host is yours and its config right, grant it: %s (or --pool NAME=SLOTS:LABELS); "+
 				"if not, its credential may be misused: cordon it and rotate its key (docs/security.md)",
 				h.Name, strings.Join(h.Overclaim, "; "), events.OverclaimCommand(h.Name))})
 	case !over && active:
-		p.Clear = append(p.Clear, events.AlarmCleared{Key: key, Pool: "fleet", At: now})
+		p.Clear = append(p.Clear, events.AlarmCleared{Key: string(key), Pool: "fleet", At: now})
 	}
 }
 
@@ -157,12 +171,8 @@ func culprit(a *events.Attempt, reason string, natsFault time.Time) string {
 // runners of (events.ImageHealth), one alarm naming the image, the refused
 // version and the minimum, and clears it once the image works again.
 func (p *Plan) imageAlarms(f *events.Fleet, h *events.Host, now time.Time) {
-	p.poolAlarms(f, h, events.AlarmImageDegraded, now, func(pool string) (bool, string) {
-		if img := h.ImageDegraded(pool); img != nil {
-			return true, imageMessage(h.Name, pool, img)
-		}
-		return false, ""
-	})
+	p.poolAlarms(f, h, events.AlarmImageDegraded, now, func(pool string) bool { return h.ImageDegraded(pool) != nil },
+		func(pool string) string { return imageMessage(h.Name, pool, h.ImageDegraded(pool)) })
 }
 
 // imageMessage says which image GitHub refuses, why, the least version it

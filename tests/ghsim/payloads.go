@@ -84,28 +84,6 @@ func (s *Sim) hookTemplate(action string, j *job) (string, map[string]any) {
 	return "success", s.fx.hookSuccess
 }
 
-// envelopeJSONLocked is the envelope, encoded once: every workflow_job
-// webhook carries the same repository, organization and sender, and making
-// them again for each (a deep copy of the fixture's objects, a replacement
-// in every string, the encoding) was a third of all the bytes the
-// throughput bench allocated, which the collector then charged to every
-// goroutine in the process, Berth's among them. Its members are joined
-// into each body as they are (jobHookBodyLocked).
-func (s *Sim) envelopeJSONLocked() map[string]json.RawMessage {
-	if s.envJSON == nil {
-		env := map[string]json.RawMessage{}
-		for k, v := range s.envelope() {
-			b, err := json.Marshal(v)
-			if err != nil { // cannot happen: decoded JSON, renamed
-				panic(fmt.Sprintf("ghsim: marshal webhook envelope: %v", err))
-			}
-			env[k] = b
-		}
-		s.envJSON = env
-	}
-	return s.envJSON
-}
-
 // fillJob overwrites a workflow_job object (webhook or REST shape) with j's state.
 // runner_* are null while the job is queued, 0/"" for a job cancelled before any
 // runner took it, and the runner's values once assigned.
@@ -204,15 +182,22 @@ type hookMembers struct {
 }
 
 // hookMembersLocked is the members of tpl, the template of kind, encoded
-// on first use: the envelope's in place of the fixture's own
-// (envelopeJSONLocked), and no installation (org hooks, unlike GitHub App
-// hooks, carry none).
+// on first use: the envelope's (the same repository, organization and
+// sender in every webhook) in place of the fixture's own, and no
+// installation (org hooks, unlike GitHub App hooks, carry none). Making
+// the envelope again for each webhook (a deep copy of the fixture's
+// objects, a replacement in every string, the encoding) was a third of
+// all the bytes the throughput bench allocated, which the collector then
+// charged to every goroutine in the process, Berth's among them.
 func (s *Sim) hookMembersLocked(kind string, tpl map[string]any) *hookMembers {
 	if m := s.members[kind]; m != nil {
 		return m
 	}
+	members := maps.Clone(tpl)
+	maps.Copy(members, s.envelope())
+	delete(members, "installation")
 	vals := map[string][]byte{"action": nil, "workflow_job": nil}
-	for k, v := range tpl {
+	for k, v := range members {
 		if k == "action" || k == "workflow_job" {
 			continue
 		}
@@ -222,10 +207,6 @@ func (s *Sim) hookMembersLocked(kind string, tpl map[string]any) *hookMembers {
 		}
 		vals[k] = b
 	}
-	for k, v := range s.envelopeJSONLocked() {
-		vals[k] = v
-	}
-	delete(vals, "installation")
 	m := &hookMembers{}
 	for _, k := range slices.Sorted(maps.Keys(vals)) {
 		q, _ := json.Marshal(k)

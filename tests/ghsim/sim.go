@@ -20,7 +20,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -96,8 +95,7 @@ type Sim struct {
 	cfg        Config
 	log        *slog.Logger
 	fx         *fixtures
-	envJSON    map[string]json.RawMessage // envelopeJSONLocked
-	members    map[string]*hookMembers    // hookMembersLocked, by template kind
+	members    map[string]*hookMembers // hookMembersLocked, by template kind
 	hookID     int64
 	acquireTTL time.Duration
 	handler    http.Handler

@@ -271,6 +271,17 @@ func (s *Sim) URL() string {
 	return s.baseURL
 }
 
+// SetWebhookURL points the webhooks sent from now on at url: a receiver
+// that binds its port only after the sim started (port 0, its address
+// known once it listens) is told where it listens this way, rather than
+// being handed a port found free a moment before, which another process
+// may take first.
+func (s *Sim) SetWebhookURL(url string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cfg.WebhookURL = url
+}
+
 // Close releases pending runner long-polls (they get 503), shuts the HTTP server
 // down, aborts an in-flight webhook, records still-queued deliveries as not sent
 // (Err "sim closed") and waits for all goroutines. Close is idempotent.

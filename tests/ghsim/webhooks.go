@@ -156,12 +156,15 @@ func (s *Sim) sendLoop(i int) {
 
 // post sends one delivery with GitHub's headers.
 func (s *Sim) post(d *delivery) (int, error) {
-	if s.cfg.WebhookURL == "" {
+	s.mu.Lock()
+	url := s.cfg.WebhookURL // SetWebhookURL may change it
+	s.mu.Unlock()
+	if url == "" {
 		return 0, fmt.Errorf("no webhook URL configured")
 	}
 	ctx, cancel := context.WithTimeout(s.sendCtx, webhookTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.cfg.WebhookURL, bytes.NewReader(d.body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(d.body))
 	if err != nil {
 		return 0, err
 	}

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -80,12 +79,11 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 	if err != nil {
 		return nil, err
 	}
-	dispAddr, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
 	secret := fmt.Sprintf("demo-secret-%d", o.Seed)
-	simCfg := ghsim.Config{WebhookURL: "http://" + dispAddr + "/webhook", WebhookSecret: secret,
+	// The dispatcher listens on any free port; the sim learns where once
+	// it does (SetWebhookURL). A port found free before it bound could be
+	// taken first by another process (a parallel test package did).
+	simCfg := ghsim.Config{WebhookSecret: secret,
 		Org: "example-org", Repo: "example-repo", FixturesDir: fixtures, Logger: o.Logger, AcquireTimeout: 5 * time.Second}
 	if o.SimTune != nil {
 		o.SimTune(&simCfg)
@@ -98,7 +96,7 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := Config(o, root, runner, simURL, dispAddr, secret)
+	cfg := Config(o, root, runner, simURL, "127.0.0.1:0", secret)
 	if len(o.ScaleSetPools) > 0 {
 		cfg.Dispatcher.GitHub.Intake = config.IntakeScaleSet
 		cfg.Dispatcher.GitHub.ScaleSet.Pools = o.ScaleSetPools
@@ -115,6 +113,7 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 		sim.Close()
 		return nil, err
 	}
+	sim.SetWebhookURL("http://" + sys.DispatcherAddr + "/webhook")
 	return &Fleet{Sim: sim, Sys: sys, Config: cfg, Root: root, cancel: cancel}, nil
 }
 
@@ -181,15 +180,6 @@ func BuildSimRunner(ctx context.Context, root, dir string) (string, error) {
 		return "", fmt.Errorf("build the simulated runner: %v\n%s", err, b)
 	}
 	return out, nil
-}
-
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }
 
 // JobPlan is the workload: labels, durations and outcomes drawn from a seed.

@@ -31,7 +31,9 @@ func twoInstallations(t *testing.T) (harness.Options, func() *ghsim.Sim) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		globex, err = ghsim.New(ghsim.Config{WebhookURL: "http://" + c.Dispatcher.Listen + "/webhook/globex", WebhookSecret: "globex-secret",
+		// Its webhook URL is set once the dispatcher listens: it binds
+		// any free port (the test, after harness.Start).
+		globex, err = ghsim.New(ghsim.Config{WebhookSecret: "globex-secret",
 			Org: "globex-org", Repo: "globex-app", FixturesDir: fixtures, AcquireTimeout: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
@@ -76,6 +78,7 @@ func TestTwoInstallationsServeOnlyTheirOwnJobsEachWithItsOwnBudget(t *testing.T)
 	}
 	defer f.Stop()
 	acme, globex := f.Sim, globexSim()
+	globex.SetWebhookURL("http://" + f.Sys.DispatcherAddr + "/webhook/globex")
 	const wait = 20 * time.Second
 	// Every call refused until the reset: the first round mints for all
 	// of globex's jobs at once, before the first refusal pauses it.

@@ -81,6 +81,7 @@ type options struct {
 	out, only, cpuProfile                string
 	heapDir, logLevel, asCmd             string
 	scaleProfile                         string
+	replayProfile                        string
 	scaleTrace                           string
 	seed                                 uint64
 }
@@ -187,6 +188,7 @@ func parseFlags() (options, sizes) {
 	flag.StringVar(&o.only, "phases", "throughput,latency,release,memory,replay,scale,warm", "phases to run, comma-separated")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the throughput phase here and put its top 15 in the section")
 	flag.StringVar(&o.scaleProfile, "scale-cpuprofile", "", "write a CPU profile of the scale phase's probe window here")
+	flag.StringVar(&o.replayProfile, "replay-cpuprofile", "", "write a CPU profile of each replay round here, with .1 and .2 added")
 	flag.StringVar(&o.scaleTrace, "scale-trace", "", "write an execution trace of the scale phase's probe window here (go tool trace)")
 	flag.StringVar(&o.heapDir, "heapprofiles", "", "write heap profiles into this directory: before and after the memory phase's jobs, and the scale phase's idle and full fleet")
 	flag.StringVar(&o.logLevel, "log-level", "error", "services' log level (to stderr): debug, info, warn, error")
@@ -262,7 +264,7 @@ func phaseList(ctx context.Context, env bench.Env, o options, s sizes) []phase {
 			return bench.Memory(ctx, env, bench.MemoryOptions{Warmup: s.memWarmup, Jobs: s.memJobs, HeapProfileDir: o.heapDir, HeapOwners: o.heapOwners})
 		}},
 		{"replay", fmt.Sprintf("replay %d lifecycles", s.replayJobs), func() (bench.Result, error) {
-			return bench.Replay(ctx, env, bench.ReplayOptions{Jobs: s.replayJobs})
+			return bench.Replay(ctx, env, bench.ReplayOptions{Jobs: s.replayJobs, CPUProfile: o.replayProfile})
 		}},
 		{"warm", fmt.Sprintf("time to runner %d jobs at %.0f/s on %d hosts, %d warm VMs, boot %s", s.warmJobs, s.warmRate, s.warmHosts, s.warmVMs, s.warmBoot), func() (bench.Result, error) {
 			return bench.TimeToRunner(ctx, env, bench.WarmOptions{Jobs: s.warmJobs, Hosts: s.warmHosts, Warm: s.warmVMs, Rate: s.warmRate, Boot: s.warmBoot})

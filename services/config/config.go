@@ -13,6 +13,7 @@ import (
 
 	"github.com/berth-ci/berth/events"
 	"github.com/berth-ci/berth/services/bytesize"
+	"github.com/berth-ci/berth/services/eventlog"
 	"github.com/berth-ci/berth/services/vmagent/backend"
 	"go.yaml.in/yaml/v3"
 )
@@ -42,7 +43,9 @@ type NATS struct {
 	Listen string `yaml:"listen"`
 	// Replicas of the stream: 1 on one server, 3 on a cluster.
 	Replicas int `yaml:"replicas"`
-	// DuplicateWindow is how long JetStream deduplicates Nats-Msg-Id.
+	// DuplicateWindow is how long JetStream deduplicates Nats-Msg-Id
+	// (default eventlog.DefaultDuplicateWindow, 30 s: a retried append's
+	// reach; the NATS server keeps each id of the window in memory).
 	DuplicateWindow time.Duration `yaml:"duplicate_window"`
 	// MaxAge, MaxBytes and MaxMsgs bound the event log (JetStream limits
 	// retention): once any is passed, the oldest facts are dropped. Every
@@ -386,7 +389,7 @@ func (c *Config) Defaults() {
 	or(&c.DataDir, "./data")
 	or(&c.NATS.Listen, "127.0.0.1:4222")
 	or(&c.NATS.Replicas, 1)
-	or(&c.NATS.DuplicateWindow, 2*time.Minute)
+	or(&c.NATS.DuplicateWindow, eventlog.DefaultDuplicateWindow)
 	if c.NATS.MaxAge == nil {
 		age := 30 * 24 * time.Hour
 		c.NATS.MaxAge = &age

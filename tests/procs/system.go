@@ -312,7 +312,7 @@ func (s *System) startServices(o Options, dispAddrs []string) {
 // deadline short, so that a crashed reaction is retried within seconds.
 func (s *System) config(o Options, simURL, dispAddr, secret string) *config.Config {
 	c := harness.Config(harness.Options{DataDir: filepath.Join(s.Dir, "data")}, s.Bins.Root, s.Bins.Runner, simURL, dispAddr, secret)
-	c.NATS = config.NATS{URL: s.NATS.URL(), Replicas: 1, DuplicateWindow: 2 * time.Minute}
+	c.NATS = config.NATS{URL: s.NATS.URL(), Replicas: 1} // the default duplicate window, as a fleet runs
 	if o.NATSNodes > 1 {
 		c.NATS.Replicas = 3
 	}

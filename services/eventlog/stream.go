@@ -158,10 +158,11 @@ var ErrConflict = errors.New("optimistic concurrency conflict")
 // failed one is decided again at the next round, a NATS leader election
 // included. A fact stored twice after the window is harmless: every fold
 // tolerates duplicates (DESIGN.md's contracts), which a webhook
-// redelivered days later needs anyway. The server keeps every id of the window in memory, about 150
-// bytes each: at 6,400 facts/s, JetStream's default of 2 minutes held 110
-// MiB of its heap, and 100,000-job throughput runs alternating 30 s with
-// 2 minutes went 628–683 against 545–612 lifecycles/s (BENCHMARKS.md).
+// redelivered days later needs anyway. The server keeps every id of the
+// window in memory, about 150 bytes each: at 6,400 facts/s, JetStream's
+// default of 2 minutes held 110 MiB of its heap, and 100,000-job
+// throughput runs alternating 30 s with 2 minutes went 628–683 against
+// 545–612 lifecycles/s (BENCHMARKS.md).
 const DefaultDuplicateWindow = 30 * time.Second
 
 // Appender writes facts to the log.

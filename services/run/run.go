@@ -205,10 +205,24 @@ func connect(ctx context.Context, cfg *config.Config, name, role string) (*nats.
 	verify := verifier(js, cfg, role)
 	drift, err := awaitStream(ctx, cfg, js, name, verify)
 	if err != nil {
+		reached := nc.IsConnected()
 		nc.Close()
-		return nil, nil, nil, fmt.Errorf("%w (waited %s: is JetStream enabled, and on a cluster do enough nodes run for nats.replicas?)", err, streamWait)
+		return nil, nil, nil, streamWaitError(err, reached, cfg.NATS.URL, ctx.Err() != nil)
 	}
 	return nc, js, newStreamHealth(verify, drift, presenceOnly(role)), nil
+}
+
+// streamWaitError says why a starting service has no stream, and what to
+// do: a server never reached is not a JetStream problem, and a service
+// stopped while it waited did not wait streamWait.
+func streamWaitError(err error, reached bool, url string, stopped bool) error {
+	switch {
+	case !reached:
+		return fmt.Errorf("NATS at %s is not reachable (%w): is nats-server running there, and does nats.url (or --nats) name it?", url, err)
+	case stopped:
+		return fmt.Errorf("stopped while waiting for the stream %s: %w", events.StreamName, err)
+	}
+	return fmt.Errorf("%w (waited %s: is JetStream enabled, and on a cluster do enough nodes run for nats.replicas?)", err, streamWait)
 }
 
 // streamWait is how long a starting service waits for JetStream.

@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/berth-ci/berth/events"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // MemoryOptions size the memory phase.
@@ -21,6 +24,10 @@ type MemoryOptions struct {
 	// (runtime.MemProfileRate, every one when 1), so the heap is parted
 	// by owner.
 	HeapOwners bool
+	// AfterFirstSnapshots: the measure before the jobs waits for every
+	// service's first snapshot (firstSnapshots), up to a minute; the smoke
+	// run, whose per-job figures mean nothing, does not wait.
+	AfterFirstSnapshots bool
 }
 
 type memPoint struct {
@@ -93,6 +100,12 @@ func Memory(ctx context.Context, e Env, o MemoryOptions) (Result, error) {
 	if _, err := e.drive(ctx, "memory warm-up", f, specs[:o.Warmup], fd, settled(o.Warmup)); err != nil {
 		return res, err
 	}
+	if o.AfterFirstSnapshots {
+		e.say("memory: waiting for each service's first snapshot (a minute after it started), so that the compressor it makes is in the measure before the jobs")
+		if err := firstSnapshots(ctx, f.JS, snapshotKeys(f), 2*time.Minute); err != nil {
+			return res, err
+		}
+	}
 	quiet()
 	if err := f.Settle(ctx); err != nil {
 		return res, err
@@ -162,6 +175,9 @@ func Memory(ctx context.Context, e Env, o MemoryOptions) (Result, error) {
 		fmt.Sprintf("the dispatcher's fold holds %d job and %d attempt records, and the ids of %d jobs and %d attempts that settled (each fold compacted as its housekeeping will %s after the end, at the 72 h retention, before each measure: a job that is over leaves only its ids)",
 			foldJobs, foldAttempts, settledJobs, settledAttempts, events.DefaultSettleAfter),
 	)
+	if o.AfterFirstSnapshots {
+		res.Notes = append(res.Notes, "the measure before the jobs is taken once every service has stored its first snapshot: the compressor each makes then is the service's, not the jobs'")
+	}
 	if o.HeapProfileDir != "" {
 		res.Notes = append(res.Notes, "heap profiles: `go tool pprof -top -diff_base "+o.HeapProfileDir+"/heap-before.pb.gz "+o.HeapProfileDir+"/heap-after.pb.gz`")
 	}
@@ -169,6 +185,55 @@ func Memory(ctx context.Context, e Env, o MemoryOptions) (Result, error) {
 		res.Rows = append(res.Rows, heapByOwner(heapBefore, heapAfter, n, runtime.MemProfileRate))
 	}
 	return res, nil
+}
+
+// snapshotKeys names the snapshot of each of the fleet's services: the
+// dispatcher, the watchdog and each agent.
+func snapshotKeys(f *Fleet) []string {
+	keys := []string{events.SnapshotKeyDispatcher, events.SnapshotKeyWatchdog}
+	for host := range f.Sys.Agents {
+		keys = append(keys, events.SnapshotKeyAgent(host))
+	}
+	return keys
+}
+
+// firstSnapshots waits, at most timeout, until each key of the snapshot
+// bucket has been written (whole or in parts). A service makes its
+// snapshot compressor with its first snapshot, a minute after it started:
+// a cost of the service, not of the jobs, which a measure taken before
+// then would count as theirs (about 1.5 MB for the three services).
+func firstSnapshots(ctx context.Context, js jetstream.JetStream, keys []string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, events.BucketSnapshots)
+	if err != nil {
+		return fmt.Errorf("memory: snapshot bucket: %w", err)
+	}
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("memory: watching the snapshot bucket: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	left := map[string]bool{}
+	for _, k := range keys {
+		left[k] = true
+	}
+	for len(left) > 0 {
+		select {
+		case u := <-w.Updates():
+			if u == nil {
+				continue // the values stored before the watch have all come
+			}
+			for k := range left {
+				if u.Key() == k || strings.HasPrefix(u.Key(), k+".") {
+					delete(left, k)
+				}
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("memory: no snapshot from %v within %s: is each service's loop caught up?", slices.Sorted(maps.Keys(left)), timeout)
+		}
+	}
+	return nil
 }
 
 // ownedHeap is the heap by owner when allocations are sampled from the

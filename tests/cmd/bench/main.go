@@ -261,7 +261,8 @@ func phaseList(ctx context.Context, env bench.Env, o options, s sizes) []phase {
 			return bench.ReleaseLatency(ctx, env, bench.ReleaseOptions{Jobs: s.relJobs, Hosts: s.relHosts, Rate: s.relRate})
 		}},
 		{"memory", fmt.Sprintf("memory %d warm-up + %d jobs", s.memWarmup, s.memJobs), func() (bench.Result, error) {
-			return bench.Memory(ctx, env, bench.MemoryOptions{Warmup: s.memWarmup, Jobs: s.memJobs, HeapProfileDir: o.heapDir, HeapOwners: o.heapOwners})
+			return bench.Memory(ctx, env, bench.MemoryOptions{Warmup: s.memWarmup, Jobs: s.memJobs, HeapProfileDir: o.heapDir, HeapOwners: o.heapOwners,
+				AfterFirstSnapshots: !o.isSmoke})
 		}},
 		{"replay", fmt.Sprintf("replay %d lifecycles", s.replayJobs), func() (bench.Result, error) {
 			return bench.Replay(ctx, env, bench.ReplayOptions{Jobs: s.replayJobs, CPUProfile: o.replayProfile})

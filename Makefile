@@ -27,7 +27,7 @@ test: tools
 	@echo "== 3 dispatchers, 1,000 jobs at once; 1,000 jobs through a scale set losing messages (without the race detector, which slows them tenfold)"
 	BERTH_SCALESET_JOBS=1000 $(GO) test -count=1 -timeout 15m -run 'TestThreeDispatchersNeverOverbook|TestScaleSetIntakeServesEveryJobOnceThroughFaults' ./tests/e2e/
 
-## bench: the full bench suite, about 3 minutes on 2 cores: prints a table and appends a
+## bench: the full bench suite, about 10 minutes on 2 cores: prints a table and appends a
 ## dated section to BENCHMARKS.md (BENCH_FLAGS=-no-write to only print; -h lists sizes)
 bench:
 	@mkdir -p $(BIN)

@@ -25,8 +25,9 @@ type MemoryOptions struct {
 	// by owner.
 	HeapOwners bool
 	// AfterFirstSnapshots: the measure before the jobs waits for every
-	// service's first snapshot (firstSnapshots), up to a minute; the smoke
-	// run, whose per-job figures mean nothing, does not wait.
+	// service's first snapshot (firstSnapshots: a minute after each
+	// started), then runs the warm-up again; the smoke run, whose per-job
+	// figures mean nothing, does not wait.
 	AfterFirstSnapshots bool
 }
 

@@ -11,8 +11,9 @@ import (
 	"github.com/berth-ci/berth/services/natsauth"
 )
 
-// Given a service whose nats.url names an address no server listens on,
-// when it is stopped while it waits for the stream, then its error says
+// Given a service whose nats.url names an address where no NATS server
+// answers (a listener that never speaks, held open so that no other
+// process can take its port while the test runs), when it is stopped while it waits for the stream, then its error says
 // NATS is not reachable there and what to check, not that JetStream is
 // disabled after a wait it never made (a new user's trial met "context
 // canceled (waited 30s: is JetStream enabled ...)" after 8 s with no
@@ -22,8 +23,8 @@ func TestAServiceWithoutNATSSaysTheServerIsNotReachable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer l.Close()
 	url := "nats://" + l.Addr().String()
-	l.Close() // nothing listens there now
 	cfg := &config.Config{DataDir: t.TempDir(), NATS: config.NATS{URL: url}}
 	cfg.Defaults()
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond) // the operator's Ctrl-C
